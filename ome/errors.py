@@ -1,0 +1,34 @@
+"""The exceptions ome raises.
+
+User mistakes raise subclasses of :class:`OmeError` (which are also ``ValueError`` or
+``TypeError`` so generic handlers keep working); messages name the argument and the fix.
+Violations of ome's own invariants raise :class:`InternalError`, which is a bug report.
+"""
+
+
+class OmeError(Exception):
+    """Base class of every error ome raises on purpose."""
+
+
+class InvalidArgumentError(OmeError, ValueError):
+    """An argument has a wrong value (empty ``xs``, a checkpoint outside the region, ...)."""
+
+
+class InvalidTypeError(OmeError, TypeError):
+    """An argument has a wrong type (an eager tensor where a graph tensor is needed, ...)."""
+
+
+class UnsupportedGraphError(OmeError, ValueError):
+    """The graph holds something ome cannot rewrite safely (control flow to recompute, ...)."""
+
+
+class NoBottleneckError(OmeError, ValueError):
+    """A checkpoint policy found no tensor that separates the graph."""
+
+
+class BudgetError(OmeError, ValueError):
+    """A memory budget cannot be parsed or cannot be met."""
+
+
+class InternalError(OmeError, RuntimeError):
+    """ome broke one of its own invariants: please report it with the graph that caused it."""

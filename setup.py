@@ -1,0 +1,20 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="ome",
+    version="0.1.0",
+    description="Fit TensorFlow training in less accelerator memory: checkpoint, recompute and swap to host.",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ome", "ome.*", "baselines", "baselines.*", "models", "models.*"]),
+    py_modules=["benchmark"],
+    python_requires=">=3.9",
+    # TensorFlow comes from an extra so CPU users get the small wheel and GPU users the CUDA one.
+    install_requires=["networkx>=2.6", "numpy"],
+    extras_require={
+        "cpu": ["tensorflow-cpu>=2.16"],
+        "gpu": ["tensorflow[and-cuda]>=2.16"],
+        "plots": ["matplotlib"],
+        "test": ["pytest>=7", "matplotlib"],
+    },
+)
