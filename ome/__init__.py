@@ -1,4 +1,10 @@
-"""ome: fit TensorFlow training in less accelerator memory by rewriting the gradient graph."""
-from ome import errors
+"""ome: fit TensorFlow training in less accelerator memory by rewriting the gradient graph.
 
-__all__ = ["errors"]
+    grads = ome.gradients(loss, variables)          # instead of tf.gradients
+    print(ome.plan(loss, variables))                # what it will keep, recompute, swap
+"""
+from ome import errors
+from ome.gradients import gradients, plan
+from ome.plans import Decision, Plan, explain
+
+__all__ = ["errors", "gradients", "plan", "Decision", "Plan", "explain"]

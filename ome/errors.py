@@ -32,3 +32,18 @@ class BudgetError(OmeError, ValueError):
 
 class InternalError(OmeError, RuntimeError):
     """ome broke one of its own invariants: please report it with the graph that caused it."""
+
+
+class OutOfMemoryError(OmeError, RuntimeError):
+    """A measured step exhausted device memory (TensorFlow's ``ResourceExhaustedError``).
+
+    ``message`` holds TensorFlow's message, so a benchmark can record the run as ``oom``.
+    """
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
+class DeviceError(OmeError, RuntimeError):
+    """The TensorFlow runtime lacks a device ome needs (no host to swap to, devices fixed too late)."""

@@ -1,0 +1,215 @@
+"""Capture: read the forward region between ``xs`` and ``ys`` into a networkx graph.
+
+This module only reads the TensorFlow graph. It produces a :class:`GraphView`, plain Python
+data (names, sizes, costs, an order) that the policies in ``ome.select`` and ``ome.planner``
+work on without importing TensorFlow.
+"""
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import networkx as nx
+
+from ome import errors
+
+# v1 control flow and functional control flow: recomputing them needs the loop/cond context
+# that only the original ops have, so ome refuses to put them in a recomputed region.
+CONTROL_FLOW_OPS = frozenset({
+    "Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
+    "NextIteration", "RefNextIteration", "LoopCond", "While", "StatelessWhile", "If",
+    "StatelessIf", "Case", "StatelessCase",
+})
+# Ops whose copy would not reproduce the original value, or that are free to keep anyway.
+_NEVER_RECOMPUTE = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "VarHandleOp",
+                              "ReadVariableOp", "VariableV2", "Identity"})
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the forward region."""
+
+    name: str
+    op: str
+    shape: Tuple[Optional[int], ...]
+    dtype: str
+    bytes: Optional[int]  # None when a dimension is unknown and no batch_size resolves it
+    is_float: bool
+    consumers: Tuple[str, ...]  # consuming ops inside the region
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One op of the forward region."""
+
+    name: str
+    type: str
+    device: str
+    outputs: Tuple[str, ...]
+    cost: float  # estimated FLOPs of one run
+    recomputable: bool  # False: stateful, a source, or free to keep (the original is reused)
+
+
+class GraphView:
+    """The forward region as plain data.
+
+    ``graph`` is a ``networkx.DiGraph`` over op names (edges carry the tensor names that flow
+    along them); ``order`` is a deterministic topological order of the region; ``tensors`` and
+    ``ops`` hold the annotations. ``xs`` and ``ys`` are tensor names.
+    """
+
+    def __init__(self, graph, ops, tensors, order, xs, ys):
+        self.graph = graph
+        self.ops: Dict[str, OpInfo] = ops
+        self.tensors: Dict[str, TensorInfo] = tensors
+        self.order: List[str] = order
+        self.position = {name: i for i, name in enumerate(order)}
+        self.xs: Tuple[str, ...] = tuple(xs)
+        self.ys: Tuple[str, ...] = tuple(ys)
+
+    def __repr__(self):
+        return f"GraphView({len(self.ops)} ops, {len(self.tensors)} tensors)"
+
+    def tensor_bytes(self, name):
+        """Bytes of tensor ``name``; raises where the size is unknown, since it matters here."""
+        size = self.tensors[name].bytes
+        if size is None:
+            shape = ["?" if d is None else d for d in self.tensors[name].shape]
+            raise errors.InvalidArgumentError(
+                f"the size of tensor {name!r} (shape {shape}) is unknown and this policy needs "
+                "it: pass batch_size= to resolve an unknown batch dimension, or give tensors "
+                "static shapes")
+        return size
+
+    def candidates(self):
+        """Tensors that may be checkpoints: produced by a recomputable region op, not ys."""
+        ys = set(self.ys)
+        return [t for op in self.order if self.ops[op].recomputable
+                for t in self.ops[op].outputs if t not in ys and self.tensors[t].consumers]
+
+    def last_use(self, name):
+        """Position in ``order`` of the last consumer of tensor ``name`` in the region."""
+        consumers = self.tensors[name].consumers
+        return max(self.position[c] for c in consumers) if consumers else self.position[
+            self.tensors[name].op]
+
+
+def _dtype_size(dtype):
+    try:
+        return dtype.size
+    except (AttributeError, TypeError):  # variant, resource, string: kept by reference
+        return 0
+
+
+def _shape_and_bytes(tensor, batch_size):
+    shape = tensor.shape
+    dims = tuple(shape.as_list()) if shape.rank is not None else None
+    if dims is None:
+        return (), None
+    resolved = list(dims)
+    if resolved and resolved[0] is None and batch_size is not None:
+        resolved[0] = batch_size
+    if any(d is None for d in resolved):
+        return dims, None
+    return dims, math.prod(resolved) * _dtype_size(tensor.dtype)
+
+
+def _estimate_cost(op):
+    """FLOPs of one run of ``op``, from static shapes (elements touched when unknown)."""
+    def elements(t):
+        dims = t.shape.as_list() if t.shape.rank is not None else []
+        return math.prod(d or 1 for d in dims)
+
+    out = sum(elements(t) for t in op.outputs) or 1
+    try:
+        if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMul"):
+            a = op.inputs[0].shape.as_list()
+            k = a[-2] if op.get_attr("transpose_a" if op.type == "MatMul" else "adj_x") else a[-1]
+            return 2.0 * out * (k or 1)
+        if op.type in ("Conv2D", "DepthwiseConv2dNative", "Conv3D"):
+            kernel = op.inputs[1].shape.as_list()
+            window = math.prod(d or 1 for d in kernel[:-1])
+            return 2.0 * out * window
+    except (ValueError, TypeError, IndexError):
+        pass
+    return float(out)
+
+
+def _is_recomputable(op):
+    if op.type in _NEVER_RECOMPUTE:
+        return False
+    try:
+        return not op.op_def.is_stateful
+    except AttributeError:  # ops without an OpDef (functions): keep the original
+        return False
+
+
+def region_ops(ys, xs):
+    """Ops that depend on some ``xs`` and that some ``ys`` depend on (data edges only)."""
+    downstream = set()
+    seen = set()
+    # The ops of xs are not in the region (unless another x feeds them): only their tensors.
+    stack = [c for t in xs for c in t.consumers()]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        downstream.add(op)
+        for out in op.outputs:
+            stack.extend(out.consumers())
+    upstream = set()
+    stack = [t.op for t in ys]
+    seen = set()
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        upstream.add(op)
+        stack.extend(t.op for t in op.inputs)
+    return downstream & upstream
+
+
+def capture(ys, xs, *, batch_size=None):
+    """Read the region between graph tensors ``xs`` and ``ys`` into a :class:`GraphView`.
+
+    Parameters
+    ----------
+    ys, xs : lists of graph-mode ``tf.Tensor`` (validated by the caller).
+    batch_size : int, optional
+        Resolves an unknown leading dimension when computing tensor bytes.
+
+    Example
+    -------
+    >>> view = capture([loss], [x], batch_size=32)  # doctest: +SKIP
+    >>> view.order[:3]                               # doctest: +SKIP
+    """
+    region = region_ops(ys, xs)
+    x_names = [t.name for t in xs]
+    y_names = [t.name for t in ys]
+    graph = nx.DiGraph()
+    ops: Dict[str, OpInfo] = {}
+    tensors: Dict[str, TensorInfo] = {}
+    for op in region:
+        graph.add_node(op.name)
+        ops[op.name] = OpInfo(
+            name=op.name, type=op.type, device=op.device,
+            outputs=tuple(t.name for t in op.outputs), cost=_estimate_cost(op),
+            recomputable=_is_recomputable(op))
+        for t in op.outputs:
+            shape, size = _shape_and_bytes(t, batch_size)
+            consumers = tuple(sorted(c.name for c in t.consumers() if c in region))
+            tensors[t.name] = TensorInfo(
+                name=t.name, op=op.name, shape=shape, dtype=t.dtype.name, bytes=size,
+                is_float=t.dtype.is_floating, consumers=consumers)
+        for t in op.inputs:
+            if t.op in region:
+                if graph.has_edge(t.op.name, op.name):
+                    graph.edges[t.op.name, op.name]["tensors"].append(t.name)
+                else:
+                    graph.add_edge(t.op.name, op.name, tensors=[t.name])
+    # Ties broken by creation order: it follows the user's program (one branch after the
+    # other), which keeps the live set small, and makes plans identical from run to run.
+    created = {op.name: op._id for op in region}  # pylint: disable=protected-access
+    order = list(nx.lexicographical_topological_sort(graph, key=created.__getitem__))
+    return GraphView(graph, ops, tensors, order, x_names, y_names)

@@ -1,0 +1,212 @@
+"""``ome.gradients``: a drop-in for ``tf.gradients`` that checkpoints, recomputes and swaps.
+
+The flow is validate -> capture -> select (a policy) -> rewrite. Everything that can be
+wrong with the input is checked before the first op is added, so an error leaves the
+user's graph exactly as it was.
+"""
+import logging
+import time
+
+import tensorflow as tf
+
+from ome import capture as capture_mod
+from ome import errors, rewrite, select
+from ome.plans import Decision, Plan
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_MODES = ("auto", "memory", "speed", "collection")
+
+
+def _as_list(value, what):
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    del what
+    return [value]
+
+
+def _graph_tensor(value, what):
+    """``value`` as a graph-mode tensor (variables become their handles, as in tf.gradients)."""
+    if isinstance(value, tf.Variable):
+        handle = getattr(value, "handle", None)
+        if handle is None or not hasattr(handle, "graph"):
+            raise errors.InvalidTypeError(
+                f"{what} {value!r} is an eager variable; ome rewrites graphs: build the model "
+                "inside a tf.Graph (tf.compat.v1 graph mode)")
+        return handle
+    if not isinstance(value, tf.Tensor):
+        raise errors.InvalidTypeError(
+            f"{what} must be tf.Tensor or tf.Variable, got {type(value).__name__}")
+    if not hasattr(value, "graph"):
+        raise errors.InvalidTypeError(
+            f"{what} {value!r} is an eager tensor; ome rewrites graphs: build the model in "
+            "graph mode (tf.compat.v1.disable_eager_execution() or inside tf.Graph().as_default())")
+    return value
+
+
+def _validate_inputs(ys, xs, grad_ys):
+    ys = [_graph_tensor(y, "ys entry") for y in _as_list(ys, "ys")]
+    xs = [_graph_tensor(x, "xs entry") for x in _as_list(xs, "xs")]
+    if not ys:
+        raise errors.InvalidArgumentError("ys is empty: pass the tensor(s) to differentiate")
+    if not xs:
+        raise errors.InvalidArgumentError("xs is empty: pass the tensor(s) or variables to "
+                                          "differentiate with respect to")
+    graph = ys[0].graph
+    for what, items in (("ys", ys), ("xs", xs)):
+        for t in items:
+            if t.graph is not graph:
+                raise errors.InvalidArgumentError(
+                    f"{what} entry {t.name} belongs to another graph than ys[0] ({ys[0].name}); "
+                    "all tensors must come from one graph")
+    for y in ys:
+        if not (y.dtype.is_floating or y.dtype.is_complex):
+            raise errors.InvalidArgumentError(
+                f"ys entry {y.name} has dtype {y.dtype.name}: only floating-point ys can be "
+                "differentiated")
+    grad_ys = _as_list(grad_ys, "grad_ys") or [None] * len(ys)
+    if len(grad_ys) != len(ys):
+        raise errors.InvalidArgumentError(
+            f"grad_ys has {len(grad_ys)} entries for {len(ys)} ys; give one per y (or None)")
+    grad_ys = [None if g is None else _graph_tensor(g, "grad_ys entry") for g in grad_ys]
+    return ys, xs, grad_ys
+
+
+def _validate_region(view, ys, xs):
+    y_ops = {view.tensors[n].op for n in view.ys if n in view.tensors}
+    if not y_ops and not set(view.ys) & set(view.xs):
+        raise errors.InvalidArgumentError(
+            f"none of ys ({', '.join(y.name for y in ys)}) depends on any of xs "
+            f"({', '.join(x.name for x in xs)}): there is nothing to differentiate")
+    for op_name in view.order:
+        op = view.ops[op_name]
+        if op.type in capture_mod.CONTROL_FLOW_OPS:
+            raise errors.UnsupportedGraphError(
+                f"op {op_name} ({op.type}) is control flow inside the region to recompute; ome "
+                "cannot recompute tf.while_loop/tf.cond: move it before xs or use tf.gradients")
+        if not op.recomputable:
+            for pred in view.graph.predecessors(op_name):
+                tensors = view.graph.edges[pred, op_name]["tensors"]
+                if view.ops[pred].recomputable and any(view.tensors[t].is_float for t in tensors):
+                    raise errors.UnsupportedGraphError(
+                        f"op {op_name} ({op.type}) is stateful and reads {tensors[0]}, a "
+                        "tensor ome would recompute; its gradient needs the original: make it "
+                        "stateless or pass it as a checkpoint-free region (use tf.gradients)")
+
+
+def _checkpoint_plan(view, checkpoints):
+    if isinstance(checkpoints, str):
+        if checkpoints == "collection":
+            tensors = tf.compat.v1.get_collection("checkpoints")
+            if not tensors:
+                raise errors.InvalidArgumentError(
+                    "checkpoints='collection' but the graph collection 'checkpoints' is empty: "
+                    "tf.compat.v1.add_to_collection('checkpoints', tensor) first")
+            return select.explicit(view, [t.name for t in tensors])
+        if checkpoints not in select.POLICIES:
+            raise errors.InvalidArgumentError(
+                f"unknown checkpoints mode {checkpoints!r}; use one of {CHECKPOINT_MODES} or a "
+                "list of tensors")
+        return select.POLICIES[checkpoints](view)
+    tensors = [_graph_tensor(t, "checkpoints entry") for t in _as_list(checkpoints, "checkpoints")]
+    return select.explicit(view, [t.name for t in tensors])
+
+
+def _with_swaps(plan, view, swap, host_device):
+    """``plan`` with the checkpoints listed in ``swap`` marked SWAP to ``host_device``."""
+    if not swap:
+        return plan
+    from ome import host  # imported late: only swapping needs device discovery
+    if host_device is None:
+        host_device = host.default_host_device()
+    else:
+        host_device = host.validate_host_device(host_device)
+    if swap == "auto":
+        from ome import planner
+        return planner.swap_auto(view, plan, host_device)
+    names = [_graph_tensor(t, "swap entry").name for t in _as_list(swap, "swap")]
+    for n in names:
+        if n not in plan.checkpoints:
+            raise errors.InvalidArgumentError(
+                f"swap entry {n} is not a checkpoint of this plan ({plan.policy}); only "
+                "checkpoints can be swapped: add it to checkpoints=")
+    return plan_swapping(plan, names, host_device, reason="listed in swap=")
+
+
+def plan_swapping(plan, names, host_device, *, reason):
+    """``plan`` with checkpoints ``names`` moved to the host."""
+    import dataclasses
+    chosen = set(names)
+    tensors = tuple(dataclasses.replace(t, decision=Decision.SWAP, reason=reason)
+                    if t.tensor in chosen else t for t in plan.tensors)
+    return dataclasses.replace(plan, tensors=tensors, host_device=host_device,
+                               swapped=tuple(n for n in plan.checkpoints if n in chosen))
+
+
+def plan(ys, xs, *, checkpoints="auto", batch_size=None, swap=False, host_device=None,
+         memory_budget=None):
+    """The :class:`Plan` ``ome.gradients`` would follow, without touching the graph."""
+    ys, xs, _ = _validate_inputs(ys, xs, None)
+    return _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget)[0]
+
+
+def _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget):
+    view = capture_mod.capture(ys, xs, batch_size=batch_size)
+    _validate_region(view, ys, xs)
+    if memory_budget is not None:
+        from ome import planner
+        return planner.fit_budget(view, memory_budget, host_device=host_device), view
+    result = _checkpoint_plan(view, checkpoints)
+    return _with_swaps(result, view, swap, host_device), view
+
+
+def gradients(ys, xs, grad_ys=None, *, checkpoints="auto", batch_size=None, swap=False,
+              host_device=None, memory_budget=None, unconnected_gradients="none",
+              name="ome_gradients", return_info=False):
+    """Gradients of ``ys`` w.r.t. ``xs``, equal to ``tf.gradients``, in less memory.
+
+    Parameters
+    ----------
+    ys, xs, grad_ys : as in ``tf.gradients`` (graph mode). Variables in ``xs`` are allowed.
+    checkpoints : "auto" (default: cuts of the graph, works without bottlenecks), "memory"
+        (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs), "collection"
+        (the graph collection "checkpoints"), or a list of tensors.
+    batch_size : resolves an unknown batch dimension when sizes matter.
+    swap : False, "auto" (the planner moves checkpoints to the host when the transfer
+        hides behind compute), or a list of checkpoint tensors to move to the host.
+    host_device : where swapped tensors go; default "/device:CPU:0" with a GPU, else the
+        emulated host "/device:CPU:1" (see ``ome.host.emulate_host``).
+    memory_budget : bytes or a string like "2GiB": choose keep/recompute/swap per tensor to
+        fit it at the least estimated added time (ignores ``checkpoints`` and ``swap``).
+    unconnected_gradients : "none" (None for unconnected xs, like tf.gradients) or "zero".
+    return_info : also return ``(plan, RewriteInfo)``.
+
+    Example
+    -------
+    >>> grads = ome.gradients(loss, tf.compat.v1.trainable_variables())  # doctest: +SKIP
+    """
+    if unconnected_gradients not in ("none", "zero"):
+        raise errors.InvalidArgumentError(
+            f"unconnected_gradients must be 'none' or 'zero', got {unconnected_gradients!r}")
+    start = time.perf_counter()
+    ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
+    chosen, view = _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget)
+    log.info("total checkpoints disconnected count : %d", len(chosen.checkpoints))
+    if chosen.swapped:
+        for name_ in chosen.checkpoints:
+            if name_ not in chosen.swapped:
+                log.info("checkpoints but not swap out to %s: %s", chosen.host_device, name_)
+    real_copy = False
+    if chosen.swapped:
+        from ome import host
+        real_copy = host.needs_real_copy(chosen.host_device)
+    grads, info = rewrite.build_gradients(view, chosen, ys, xs, grad_ys, real_copy=real_copy,
+                                          unconnected=unconnected_gradients, name=name)
+    log.info("ome.gradients: %d checkpoints, %d swapped, %d ops copied in %d segments, "
+             "%d ops added, %.3f s", len(chosen.checkpoints), len(info.swapped),
+             info.copied_ops, info.segments, info.added_ops, time.perf_counter() - start)
+    if return_info:
+        return grads, (chosen, info)
+    return grads

@@ -1,0 +1,301 @@
+"""Which device is the accelerator, which is the host, and how a tensor gets between them.
+
+On a machine with a GPU the accelerator is ``/device:GPU:0`` and the host is
+``/device:CPU:0``; an identity placed on the host makes TensorFlow insert the
+device-to-host copy. Without a GPU, swapping is *emulated*: the CPU is split into two
+logical devices, ``/device:CPU:0`` plays the accelerator and ``/device:CPU:1`` the host.
+Both share one allocator, and a tensor passed between them keeps its buffer, so the host
+copy must be a real copy (``tf.raw_ops.DeepCopy`` placed on the host).
+
+Logical devices must be configured before TensorFlow initialises its runtime: call
+:func:`emulate_host` before any eager op, ``tf.config.list_logical_devices()`` or
+:func:`validate_host_device`. A ``tf.compat.v1.Session`` created *before* the call keeps
+seeing one CPU (sessions do not initialise the runtime, so this cannot be detected);
+create sessions afterwards.
+"""
+import logging
+import statistics
+import time
+
+import tensorflow as tf
+
+from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "accelerator_device",
+    "canonical_device",
+    "default_host_device",
+    "emulate_host",
+    "measure_bandwidth",
+    "needs_real_copy",
+    "session_config",
+    "validate_host_device",
+]
+
+_MiB = 1 << 20
+
+_FIXES = (
+    "Either call ome.emulate_host() at the start of the program, before any session or op "
+    "is created, or configure the devices yourself with "
+    "tf.config.set_logical_device_configuration(tf.config.list_physical_devices('CPU')[0], "
+    "[tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])."
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Device names
+# ---------------------------------------------------------------------------------------
+
+
+def canonical_device(name, *, argument="device"):
+    """Return ``name`` in the form ``'/device:CPU:1'``.
+
+    Accepts every spelling TensorFlow does (``'/cpu:1'``, ``'CPU:1'``, ``'/device:CPU:1'``,
+    ``'/job:localhost/replica:0/task:0/device:CPU:1'``); job, replica and task are dropped.
+    Does not check that the device exists (see :func:`validate_host_device`).
+
+    Examples
+    --------
+    >>> canonical_device("/cpu:1")
+    '/device:CPU:1'
+    """
+    if not isinstance(name, str):
+        raise InvalidTypeError(
+            f"{argument} must be a device name string such as '/device:CPU:1', "
+            f"got {type(name).__name__}"
+        )
+    try:
+        spec = tf.DeviceSpec.from_string(name)
+    except ValueError as err:
+        raise InvalidArgumentError(
+            f"{argument}={name!r} is not a device name; use a form like '/device:CPU:1'"
+        ) from err
+    if not spec.device_type or spec.device_index is None:
+        raise InvalidArgumentError(
+            f"{argument}={name!r} must name one device with a type and an index, "
+            f"like '/device:CPU:1'"
+        )
+    return f"/device:{spec.device_type.upper()}:{spec.device_index}"
+
+
+def _gpu_visible():
+    # get_visible_devices does not initialise the runtime (list_logical_devices does).
+    return bool(tf.config.get_visible_devices("GPU"))
+
+
+def _logical_cpu_count():
+    """Logical CPU devices, computed from the configuration without initialising the runtime."""
+    count = 0
+    for cpu in tf.config.list_physical_devices("CPU"):
+        config = tf.config.get_logical_device_configuration(cpu)
+        count += len(config) if config else 1
+    return count
+
+
+def _logical_device_names():
+    return [device.name for device in tf.config.list_logical_devices()]
+
+
+def _default_host_hint():
+    """The default host device as a string, or the fix when there is none (for messages)."""
+    try:
+        return repr(default_host_device())
+    except DeviceError:
+        return "a second logical CPU. " + _FIXES.rstrip(".")
+
+
+# ---------------------------------------------------------------------------------------
+# Main API
+# ---------------------------------------------------------------------------------------
+
+
+def emulate_host():
+    """Split the CPU into two logical devices so that swapping can be emulated.
+
+    ``/device:CPU:0`` then plays the accelerator and ``/device:CPU:1`` the host. Does
+    nothing when a GPU is visible (the host is the real CPU) or when two logical CPUs are
+    already configured, so it is safe to call more than once.
+
+    Returns
+    -------
+    str
+        The host device: ``'/device:CPU:1'``, or ``'/device:CPU:0'`` when a GPU is present.
+
+    Raises
+    ------
+    DeviceError
+        TensorFlow's runtime was already initialised with a single CPU.
+    """
+    if _gpu_visible():
+        logger.info("A GPU is visible: the host is /device:CPU:0, no emulation needed")
+        return "/device:CPU:0"
+    if _logical_cpu_count() >= 2:
+        return "/device:CPU:1"
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+        )
+    except RuntimeError as err:
+        raise DeviceError(
+            "emulate_host() was called after TensorFlow initialised its runtime with a single "
+            "CPU device, and logical devices cannot change after that. Call it at the start "
+            "of the program, before any eager op, session or tf.config.list_logical_devices() "
+            "call, or configure the devices yourself with "
+            "tf.config.set_logical_device_configuration."
+        ) from err
+    logger.info("Emulating a host: /device:CPU:0 is the accelerator, /device:CPU:1 the host")
+    return "/device:CPU:1"
+
+
+def accelerator_device():
+    """The device whose memory ome saves: ``'/device:GPU:0'`` if a GPU is visible, else CPU:0."""
+    return "/device:GPU:0" if _gpu_visible() else "/device:CPU:0"
+
+
+def default_host_device():
+    """The device swapped tensors go to.
+
+    ``'/device:CPU:0'`` when a GPU is present; ``'/device:CPU:1'`` when two logical CPUs
+    exist (emulation). Does not initialise the TensorFlow runtime.
+
+    Raises
+    ------
+    DeviceError
+        There is neither a GPU nor a second logical CPU.
+    """
+    if _gpu_visible():
+        return "/device:CPU:0"
+    if _logical_cpu_count() >= 2:
+        return "/device:CPU:1"
+    raise DeviceError(
+        "There is no host device to swap to: no GPU is visible and only one logical CPU "
+        "exists, which is the accelerator. " + _FIXES
+    )
+
+
+def validate_host_device(name):
+    """Check that ``name`` is an existing logical device other than the accelerator.
+
+    Initialises the TensorFlow runtime (it lists the logical devices), so call
+    :func:`emulate_host` first when emulating.
+
+    Returns
+    -------
+    str
+        The canonical name, e.g. ``'/device:CPU:1'``.
+    """
+    canonical = canonical_device(name, argument="host_device")
+    available = _logical_device_names()
+    if canonical not in available:
+        raise InvalidArgumentError(
+            f"host_device={name!r} does not exist; the logical devices are "
+            f"{', '.join(available)}. " + (_FIXES if "/device:CPU:1" not in available else "")
+        )
+    accelerator = accelerator_device()
+    if canonical == accelerator:
+        raise InvalidArgumentError(
+            f"host_device={name!r} is the accelerator {accelerator}; swapping to it frees "
+            f"nothing. Use {_default_host_hint()}."
+        )
+    return canonical
+
+
+def session_config(config=None):
+    """A copy of ``config`` (a ``tf.compat.v1.ConfigProto``) that keeps the logical CPUs.
+
+    A session built without a config inherits the logical device split; one built *with*
+    a config does not, and then sees a single CPU, so ``/device:CPU:1`` does not exist in
+    it. Pass your config through this function when emulating a host. An explicit
+    ``device_count['CPU']`` in ``config`` is left alone.
+
+    Examples
+    --------
+    >>> config = session_config(tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1))
+    >>> session = tf.compat.v1.Session(config=config)  # doctest: +SKIP
+    """
+    if config is None:
+        result = tf.compat.v1.ConfigProto()
+    elif isinstance(config, tf.compat.v1.ConfigProto):
+        result = tf.compat.v1.ConfigProto()
+        result.CopyFrom(config)
+    else:
+        raise InvalidTypeError(
+            f"config must be a tf.compat.v1.ConfigProto or None, got {type(config).__name__}"
+        )
+    if "CPU" not in result.device_count:
+        result.device_count["CPU"] = _logical_cpu_count()
+    return result
+
+
+def needs_real_copy(host_device):
+    """Whether a swap to ``host_device`` needs ``tf.raw_ops.DeepCopy`` rather than an identity.
+
+    True when host and accelerator are both CPU devices (emulation: an identity across
+    logical CPUs shares the buffer and frees nothing). False on a GPU, where an identity
+    placed on the host makes TensorFlow insert the device-to-host copy.
+    """
+    host_type = canonical_device(host_device, argument="host_device").split(":")[1]
+    accelerator_type = accelerator_device().split(":")[1]
+    return host_type == "CPU" and accelerator_type == "CPU"
+
+
+def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
+    """Measure the accelerator <-> host copy bandwidth in bytes per second.
+
+    Builds a throwaway graph and session holding an ``nbytes`` float32 variable on the
+    accelerator, copies it to ``host_device`` and back (``DeepCopy`` under emulation, an
+    identity on a GPU) and times the round trip. Grappler is off in that session so no copy
+    is optimised away.
+
+    Returns
+    -------
+    float
+        ``2 * nbytes / median round-trip time``: bytes moved per second in one direction,
+        the figure a planner divides a tensor's size by to get one transfer's time.
+    """
+    host = validate_host_device(host_device)
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise InvalidTypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+    if nbytes < 4:
+        raise InvalidArgumentError(f"nbytes must be at least 4 (one float32), got {nbytes}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InvalidArgumentError(f"repeats must be an int >= 1, got {repeats!r}")
+    accelerator = accelerator_device()
+    real_copy = needs_real_copy(host)
+
+    def copy(tensor):
+        return tf.raw_ops.DeepCopy(x=tensor) if real_copy else tf.identity(tensor)
+
+    elements = nbytes // 4
+
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device(accelerator):
+            source = tf.compat.v1.Variable(
+                tf.ones([elements], tf.float32), name="ome_bandwidth_source", use_resource=True
+            )
+            value = source.read_value()
+        with tf.device(host):
+            on_host = copy(value)
+        with tf.device(accelerator):
+            back = copy(on_host)
+        config = session_config()
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+        with tf.compat.v1.Session(graph=graph, config=config) as session:
+            session.run(source.initializer)
+            session.run(back.op)  # warm-up: allocator growth, first-run setup
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                session.run(back.op)
+                times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    bandwidth = 2 * elements * 4 / seconds
+    logger.info(
+        "Host bandwidth %s <-> %s: %.2f GB/s (%d bytes, median of %d round trips)",
+        accelerator, host, bandwidth / 1e9, elements * 4, repeats,
+    )
+    return bandwidth

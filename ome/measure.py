@@ -1,0 +1,362 @@
+"""Measure a training step: peak and resident memory, step time, host memory.
+
+Figures come from TensorFlow's own accounting, never from an estimate:
+
+- ``max_mem`` / ``mem_used`` come from ``tf.config.experimental.get_memory_info`` on the
+  measured device (``'GPU:0'`` when a GPU is present, else ``'CPU:0'``). With two logical
+  CPUs (swap emulation) both share one allocator, so these figures cover both.
+- ``per_device`` splits memory by device from one traced step: the allocation records in
+  ``RunMetadata.step_stats`` are summed per device in time order.
+
+``memory_cost = max_mem - mem_used`` follows the thesis's columns: the memory a step needs
+on top of what stays allocated (weights, optimizer slots).
+"""
+import dataclasses
+import logging
+import resource
+import statistics
+import sys
+import time
+from typing import Mapping, Optional, Tuple
+
+import tensorflow as tf
+
+from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError, OutOfMemoryError
+from ome.host import canonical_device
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DeviceMemory",
+    "Measurement",
+    "measure",
+    "peak_from_records",
+    "per_device_memory",
+    "host_rss",
+]
+
+_MiB = float(1 << 20)
+
+
+# ---------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMemory:
+    """One device's memory during one traced step, from its allocation records (bytes).
+
+    ``peak``: most bytes live at once among those allocated during the step.
+    ``live_at_end``: allocated during the step and not freed by its end (fetched outputs,
+    new variable values). ``allocated_total``: sum of all allocations.
+    ``allocators``: the allocator names the records came from.
+    """
+
+    peak: int
+    live_at_end: int
+    allocated_total: int
+    allocators: Tuple[str, ...] = ()
+
+    @classmethod
+    def from_records(cls, records, allocators=()):
+        """Summarise ``(micros, bytes)`` records (see :func:`peak_from_records`)."""
+        ordered = _ordered(records)
+        return cls(
+            peak=peak_from_records(ordered),
+            live_at_end=sum(nbytes for _, nbytes in ordered),
+            allocated_total=sum(nbytes for _, nbytes in ordered if nbytes > 0),
+            allocators=tuple(sorted(set(allocators))),
+        )
+
+    def to_dict(self):
+        return {
+            "peak": self.peak,
+            "live_at_end": self.live_at_end,
+            "allocated_total": self.allocated_total,
+            "allocators": list(self.allocators),
+        }
+
+    def __str__(self):
+        return (
+            f"peak {self.peak / _MiB:.2f} MiB, live at end {self.live_at_end / _MiB:.2f} MiB, "
+            f"allocated {self.allocated_total / _MiB:.2f} MiB"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """What :func:`measure` found. Memory in bytes, times in seconds.
+
+    ``per_device`` is ``None`` when the step was not traced.
+    """
+
+    device: str
+    max_mem: int
+    mem_used: int
+    step_time: float
+    step_times: Tuple[float, ...]
+    host_rss: int
+    per_device: Optional[Mapping[str, DeviceMemory]] = dataclasses.field(default=None, hash=False)
+
+    @property
+    def memory_cost(self):
+        """``max_mem - mem_used``: what the step needs beyond what stays allocated."""
+        return self.max_mem - self.mem_used
+
+    def to_dict(self):
+        """A JSON-ready dict of every figure, ``memory_cost`` included."""
+        return {
+            "device": self.device,
+            "max_mem": self.max_mem,
+            "mem_used": self.mem_used,
+            "memory_cost": self.memory_cost,
+            "step_time": self.step_time,
+            "step_times": list(self.step_times),
+            "host_rss": self.host_rss,
+            "per_device": (
+                None
+                if self.per_device is None
+                else {name: memory.to_dict() for name, memory in self.per_device.items()}
+            ),
+        }
+
+    def __str__(self):
+        lines = [
+            f"{self.device}: max_mem {self.max_mem / _MiB:.2f} MiB, "
+            f"mem_used {self.mem_used / _MiB:.2f} MiB, "
+            f"memory_cost {self.memory_cost / _MiB:.2f} MiB, "
+            f"step {self.step_time * 1e3:.2f} ms (median of {len(self.step_times)}), "
+            f"host RSS {self.host_rss / _MiB:.1f} MiB"
+        ]
+        for name, memory in sorted((self.per_device or {}).items()):
+            lines.append(f"  {name}: {memory}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Main API
+# ---------------------------------------------------------------------------------------
+
+
+def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5, trace=True):
+    """Run a step repeatedly and measure its memory and time.
+
+    Parameters
+    ----------
+    session : tf.compat.v1.Session
+        Runs the step (anything with ``Session.run``'s signature).
+    fetches, feed_dict
+        Passed to ``session.run``; the fetched values are discarded.
+    device : str, optional
+        Whose memory statistics to read; default ``'GPU:0'`` when a GPU is visible, else
+        ``'CPU:0'``. Any spelling TensorFlow accepts (``'/device:CPU:0'``, ``'/cpu:0'``).
+    warmup : int
+        Untimed steps first (allocator growth, first-run setup).
+    steps : int
+        Timed steps; each starts with ``reset_memory_stats(device)``.
+    trace : bool
+        Run one more, untimed step with ``FULL_TRACE`` to fill ``per_device``.
+
+    Returns
+    -------
+    Measurement
+        ``max_mem`` is the highest peak of the timed steps, ``mem_used`` the bytes still
+        allocated after the last one, ``step_time`` the median wall time.
+
+    Raises
+    ------
+    OutOfMemoryError
+        A step raised ``tf.errors.ResourceExhaustedError``.
+
+    Examples
+    --------
+    >>> m = measure(sess, train_op, feed_dict={x: batch})  # doctest: +SKIP
+    >>> print(m.memory_cost / 2**20, "MiB")  # doctest: +SKIP
+    """
+    if not callable(getattr(session, "run", None)):
+        raise InvalidTypeError(
+            f"session must be a tf.compat.v1.Session (anything with .run), "
+            f"got {type(session).__name__}"
+        )
+    warmup = _check_count("warmup", warmup, minimum=0)
+    steps = _check_count("steps", steps, minimum=1)
+    if not isinstance(trace, bool):
+        raise InvalidTypeError(f"trace must be a bool, got {type(trace).__name__}")
+    stats_device = _stats_device(device)
+    _memory_stats(stats_device)  # fail before running anything if there are no statistics
+
+    for _ in range(warmup):
+        _run(session, fetches, feed_dict, phase="warm-up")
+
+    peaks, times, current = [], [], 0
+    for _ in range(steps):
+        _memory_stats(stats_device, reset=True)
+        start = time.perf_counter()
+        _run(session, fetches, feed_dict, phase="timed")
+        times.append(time.perf_counter() - start)
+        info = _memory_stats(stats_device)
+        peaks.append(info["peak"])
+        current = info["current"]
+
+    per_device = None
+    if trace:
+        run_metadata = tf.compat.v1.RunMetadata()
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        _run(session, fetches, feed_dict, phase="traced",
+             options=options, run_metadata=run_metadata)
+        per_device = per_device_memory(run_metadata)
+
+    result = Measurement(
+        device=stats_device,
+        max_mem=max(peaks),
+        mem_used=current,
+        step_time=statistics.median(times),
+        step_times=tuple(times),
+        host_rss=host_rss(),
+        per_device=per_device,
+    )
+    logger.debug("Measured %s", result)
+    return result
+
+
+def peak_from_records(records):
+    """Peak of the running sum of ``(micros, bytes)`` allocation records.
+
+    Records are taken in time order; records with the same ``micros`` keep their given
+    order (a stable sort). Negative ``bytes`` is a deallocation. The sum starts at 0, so the
+    peak is never negative; bytes allocated before the records begin are not counted.
+
+    Examples
+    --------
+    >>> peak_from_records([(0, 4), (1, 8), (2, -4), (3, 2)])
+    12
+    """
+    peak = live = 0
+    for _, nbytes in _ordered(records):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def per_device_memory(run_metadata):
+    """Per-device :class:`DeviceMemory` from a ``FULL_TRACE`` step's ``RunMetadata``.
+
+    Keys are short device names (``'/device:CPU:1'``); ``dev_stats`` entries for streams of
+    one device (``'.../device:GPU:0/stream:all'``) are merged into that device.
+    """
+    records, allocators = {}, {}
+    for dev_stats in run_metadata.step_stats.dev_stats:
+        name = _short_device(dev_stats.device)
+        device_records = records.setdefault(name, [])
+        device_allocators = allocators.setdefault(name, set())
+        for node in dev_stats.node_stats:
+            for memory in node.memory:
+                if memory.allocation_records:
+                    device_allocators.add(memory.allocator_name)
+                device_records.extend(
+                    (record.alloc_micros, record.alloc_bytes)
+                    for record in memory.allocation_records
+                )
+    return {
+        name: DeviceMemory.from_records(device_records, allocators[name])
+        for name, device_records in sorted(records.items())
+    }
+
+
+def host_rss():
+    """Resident memory of this process in bytes.
+
+    Reads ``VmRSS`` from ``/proc/self/status``; where that does not exist, falls back to
+    ``resource.getrusage`` which gives the *peak* resident size instead.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max_rss if sys.platform == "darwin" else max_rss * 1024
+
+
+# ---------------------------------------------------------------------------------------
+# Implementation
+# ---------------------------------------------------------------------------------------
+
+
+def _ordered(records):
+    """Validate records and sort them by time, stably."""
+    checked = []
+    for record in records:
+        try:
+            micros, nbytes = record
+        except (TypeError, ValueError) as err:
+            raise InvalidArgumentError(
+                f"each record must be a (micros, bytes) pair, got {record!r}"
+            ) from err
+        checked.append((int(micros), int(nbytes)))
+    checked.sort(key=lambda pair: pair[0])
+    return checked
+
+
+def _check_count(name, value, *, minimum):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _stats_device(device):
+    """The device to read memory statistics from, as ``'CPU:0'``, checked to exist."""
+    if device is None:
+        return "GPU:0" if tf.config.get_visible_devices("GPU") else "CPU:0"
+    canonical = canonical_device(device)
+    available = [logical.name for logical in tf.config.list_logical_devices()]
+    if canonical not in available:
+        raise InvalidArgumentError(
+            f"device={device!r} does not exist; the logical devices are {', '.join(available)}"
+        )
+    return canonical[len("/device:"):]
+
+
+def _short_device(name):
+    """``'/job:localhost/replica:0/task:0/device:CPU:0/stream:all'`` -> ``'/device:CPU:0'``."""
+    start = name.find("/device:")
+    if start < 0:
+        return name
+    parts = name[start:].split("/")  # ['', 'device:CPU:0', 'stream:all']
+    return "/" + parts[1]
+
+
+def _run(session, fetches, feed_dict, *, phase, **kwargs):
+    """One ``session.run`` whose results are dropped at once.
+
+    On CPU, fetched numpy arrays share TensorFlow's buffers: holding them would count them
+    in the allocator's ``current`` bytes.
+    """
+    try:
+        session.run(fetches, feed_dict=feed_dict, **kwargs)
+    except tf.errors.ResourceExhaustedError as err:
+        raise OutOfMemoryError(f"out of memory in a {phase} step: {err.message}") from err
+
+
+def _memory_stats(device, *, reset=False):
+    """Read (or, with ``reset``, reset the peak of) ``device``'s memory statistics.
+
+    On CPU the statistics exist only with a tracking allocator: oneDNN's (the default) or
+    the BFC allocator.
+    """
+    try:
+        if reset:
+            tf.config.experimental.reset_memory_stats(device)
+            return None
+        return tf.config.experimental.get_memory_info(device)
+    except ValueError as err:
+        raise DeviceError(
+            f"TensorFlow keeps no memory statistics for {device} ({err}). On CPU, set the "
+            f"environment variable TF_CPU_ALLOCATOR_USE_BFC=1 (or leave oneDNN on: do not set "
+            f"TF_ENABLE_ONEDNN_OPTS=0) before importing TensorFlow."
+        ) from err

@@ -1,0 +1,180 @@
+"""Checkpoint selection policies: functions ``(view, **options) -> Plan``.
+
+Every policy reads a :class:`ome.capture.GraphView` (no TensorFlow) and returns a
+:class:`ome.plan.Plan` whose checkpoints are kept and whose other tensors are recomputed.
+``POLICIES`` is the registry ``ome.gradients(checkpoints=...)`` dispatches through.
+See docs/ALGORITHM.md for the "auto" algorithm.
+"""
+import math
+
+import numpy as np
+
+from ome import errors
+from ome.plans import Decision, Plan, TensorPlan
+
+# OpenAI's library ignored tensors this small (elements) when looking for bottlenecks.
+MIN_CHECKPOINT_ELEMENTS = 1024
+_SPEED_OP_TYPES = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul",
+                             "BatchMatMul", "BatchMatMulV2"})
+
+
+def plan_from_checkpoints(view, checkpoints, policy, *, reason="checkpoint", estimates=None):
+    """The Plan that keeps ``checkpoints`` and recomputes every other recomputable tensor."""
+    chosen = set(checkpoints)
+    ys = set(view.ys)
+    rows = []
+    for op_name in view.order:
+        op = view.ops[op_name]
+        for name in op.outputs:
+            t = view.tensors[name]
+            if name in chosen:
+                decision, why = Decision.KEEP, reason
+            elif not op.recomputable:
+                decision, why = Decision.KEEP, f"{op.type} is not recomputed: original reused"
+            elif name in ys:
+                decision, why = Decision.RECOMPUTE, "output (ys): rebuilt for its gradient"
+            else:
+                decision, why = Decision.RECOMPUTE, "between checkpoints"
+            rows.append(TensorPlan(name, op.type, t.shape, t.bytes, decision, why))
+    ordered = tuple(sorted(chosen, key=lambda n: view.position[view.tensors[n].op]))
+    return Plan(policy=policy, checkpoints=ordered, tensors=tuple(rows),
+                estimates=dict(estimates or {}))
+
+
+def explicit(view, tensors):
+    """The user's own checkpoint tensors (names), validated against the region."""
+    candidates = set(view.candidates())
+    for name in tensors:
+        if name in view.ys:
+            raise errors.InvalidArgumentError(
+                f"checkpoint {name!r} is one of ys: a checkpoint must lie strictly between "
+                "xs and ys")
+        if name in view.xs:
+            continue  # already a boundary; nothing to keep
+        if name not in view.tensors:
+            raise errors.InvalidArgumentError(
+                f"checkpoint {name!r} is outside the region between xs and ys: it must "
+                "depend on some xs and some ys must depend on it")
+        if name not in candidates:
+            raise errors.InvalidArgumentError(
+                f"checkpoint {name!r} is produced by a {view.ops[view.tensors[name].op].type} "
+                "op, which ome does not recompute; it is kept anyway, leave it out")
+    return plan_from_checkpoints(view, [n for n in tensors if n not in view.xs], "explicit")
+
+
+def speed(view):
+    """OpenAI's 'speed': keep every conv/matmul output, so only cheap ops are recomputed."""
+    chosen = [n for n in view.candidates() if view.ops[view.tensors[n].op].type in _SPEED_OP_TYPES]
+    return plan_from_checkpoints(view, chosen, "speed", reason="conv/matmul output")
+
+
+def _frontier_bytes(view, counted):
+    """``out[i]``: bytes of ``counted`` tensors produced at or before position i and still
+    consumed after it, i.e. the tensors a cut right after op i must keep."""
+    delta = np.zeros(len(view.order) + 1)
+    for name in counted:
+        start = view.position[view.tensors[name].op]
+        end = view.last_use(name)
+        if end > start:
+            delta[start] += view.tensor_bytes(name)
+            delta[end] -= view.tensor_bytes(name)
+    return np.cumsum(delta)[:-1]
+
+
+def _live_after(view, counted, position):
+    """The ``counted`` tensors that cross the cut right after ``position``."""
+    return [n for n in counted
+            if view.position[view.tensors[n].op] <= position < view.last_use(n)]
+
+
+def bottlenecks(view):
+    """OpenAI's 'memory': tensors that separate the graph, thinned to about sqrt(N).
+
+    A tensor is a bottleneck when it is the only large tensor crossing the cut right after
+    its producer. Raises :class:`NoBottleneckError` when there is none, as OpenAI's did.
+    """
+    large = [n for n in view.candidates() if view.tensors[n].is_float
+             and view.tensor_bytes(n) // max(1, _itemsize(view, n)) > MIN_CHECKPOINT_ELEMENTS]
+    crossing = _frontier_counts(view, large)
+    found = [n for n in large
+             if crossing[view.position[view.tensors[n].op]] == 1
+             and view.last_use(n) > view.position[view.tensors[n].op]]
+    if not found:
+        raise errors.NoBottleneckError(
+            "no bottleneck tensors: no single tensor separates this graph (long skip "
+            "connections or dense connectivity); pass checkpoints='auto', 'speed' or a list")
+    target = math.ceil(math.sqrt(len(large)))
+    if len(found) > target:
+        step = math.ceil(len(found) / math.sqrt(len(large)))
+        found = found[step::step]
+    return plan_from_checkpoints(view, found, "memory", reason="bottleneck, sqrt(N) spacing")
+
+
+def _itemsize(view, name):
+    t = view.tensors[name]
+    elements = math.prod(d for d in t.shape if d is not None) or 1
+    return max(1, (t.bytes or 0) // elements)
+
+
+def _frontier_counts(view, counted):
+    delta = np.zeros(len(view.order) + 1, dtype=np.int64)
+    for name in counted:
+        start, end = view.position[view.tensors[name].op], view.last_use(name)
+        if end > start:
+            delta[start] += 1
+            delta[end] -= 1
+    return np.cumsum(delta)[:-1]
+
+
+def _cuts_for(num_segments, cumulative, frontier):
+    """Cut positions splitting activations into ``num_segments`` roughly equal parts, each
+    moved to the cheapest cut within half a segment of its ideal place."""
+    total = cumulative[-1]
+    ideal = np.searchsorted(cumulative, total * np.arange(1, num_segments) / num_segments)
+    half = max(1, len(cumulative) // (2 * num_segments))
+    cuts = []
+    for pos in ideal:
+        lo, hi = max(0, pos - half), min(len(frontier) - 1, pos + half)
+        if cuts:
+            lo = max(lo, cuts[-1] + 1)
+        if lo > hi:
+            continue
+        window = frontier[lo:hi + 1]
+        cuts.append(lo + int(np.argmin(window + 1e-9 * np.abs(np.arange(lo, hi + 1) - pos))))
+    return cuts
+
+
+def auto(view):
+    """ome's default: cuts of the graph (sets of tensors), spaced for a sqrt(n) peak.
+
+    Works where no single tensor separates the graph (U-Net, DenseNet): every cut of a
+    topological order is a separator, so the policy picks cuts of few bytes, spaced so the
+    bytes kept at cuts plus the largest recomputed segment is smallest. docs/ALGORITHM.md.
+    """
+    counted = view.candidates()
+    if not counted:
+        return plan_from_checkpoints(view, [], "auto")
+    frontier = _frontier_bytes(view, counted)
+    produced = np.zeros(len(view.order))
+    for name in counted:
+        produced[view.position[view.tensors[name].op]] += view.tensor_bytes(name)
+    cumulative = np.cumsum(produced)
+    best = None
+    n = len(view.order)
+    for segments in range(1, min(n, 3 * math.isqrt(n) + 3) + 1):
+        cuts = _cuts_for(segments, cumulative, frontier)
+        bounds = [-1] + cuts + [n - 1]
+        largest = max(cumulative[b] - (cumulative[a] if a >= 0 else 0)
+                      for a, b in zip(bounds, bounds[1:]))
+        peak = float(frontier[cuts].sum()) + float(largest) if cuts else float(largest)
+        if best is None or peak < best[0]:
+            best = (peak, cuts)
+    peak, cuts = best
+    chosen = sorted({name for pos in cuts for name in _live_after(view, counted, pos)},
+                    key=lambda name: view.position[view.tensors[name].op])
+    return plan_from_checkpoints(
+        view, chosen, "auto", reason="in a cut of the graph",
+        estimates={"cuts": len(cuts), "estimated_activation_peak": peak})
+
+
+POLICIES = {"auto": auto, "memory": bottlenecks, "speed": speed}
