@@ -5,6 +5,7 @@
 """
 from ome import errors
 from ome.gradients import gradients, plan
+from ome.patch import patch
 from ome.plans import Decision, Plan, explain
 
-__all__ = ["errors", "gradients", "plan", "Decision", "Plan", "explain"]
+__all__ = ["errors", "gradients", "patch", "plan", "Decision", "Plan", "explain"]

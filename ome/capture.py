@@ -33,8 +33,13 @@ class TensorInfo:
     shape: Tuple[Optional[int], ...]
     dtype: str
     bytes: Optional[int]  # None when a dimension is unknown and no batch_size resolves it
+    itemsize: int
     is_float: bool
     consumers: Tuple[str, ...]  # consuming ops inside the region
+
+    @property
+    def elements(self):
+        return None if self.bytes is None else self.bytes // max(1, self.itemsize)
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,9 @@ class GraphView:
     ``ops`` hold the annotations. ``xs`` and ``ys`` are tensor names.
     """
 
-    def __init__(self, graph, ops, tensors, order, xs, ys):
+    def __init__(self, graph, ops, tensors, order, xs, ys, inputs):
         self.graph = graph
+        self.inputs: Dict[str, TensorInfo] = inputs  # the xs, with their region consumers
         self.ops: Dict[str, OpInfo] = ops
         self.tensors: Dict[str, TensorInfo] = tensors
         self.order: List[str] = order
@@ -86,11 +92,17 @@ class GraphView:
         return [t for op in self.order if self.ops[op].recomputable
                 for t in self.ops[op].outputs if t not in ys and self.tensors[t].consumers]
 
+    def produced_at(self, name):
+        """Position in ``order`` of the op making tensor ``name``; -1 for an input (xs)."""
+        info = self.tensors.get(name)
+        return self.position[info.op] if info is not None else -1
+
     def last_use(self, name):
         """Position in ``order`` of the last consumer of tensor ``name`` in the region."""
-        consumers = self.tensors[name].consumers
-        return max(self.position[c] for c in consumers) if consumers else self.position[
-            self.tensors[name].op]
+        info = self.tensors.get(name) or self.inputs[name]
+        if not info.consumers:
+            return self.produced_at(name)
+        return max(self.position[c] for c in info.consumers)
 
 
 def _dtype_size(dtype):
@@ -170,6 +182,14 @@ def region_ops(ys, xs):
     return downstream & upstream
 
 
+def _tensor_info(t, op_name, region, batch_size):
+    shape, size = _shape_and_bytes(t, batch_size)
+    consumers = tuple(sorted(c.name for c in t.consumers() if c in region))
+    return TensorInfo(name=t.name, op=op_name, shape=shape, dtype=t.dtype.name, bytes=size,
+                      itemsize=_dtype_size(t.dtype), is_float=t.dtype.is_floating,
+                      consumers=consumers)
+
+
 def capture(ys, xs, *, batch_size=None):
     """Read the region between graph tensors ``xs`` and ``ys`` into a :class:`GraphView`.
 
@@ -197,11 +217,7 @@ def capture(ys, xs, *, batch_size=None):
             outputs=tuple(t.name for t in op.outputs), cost=_estimate_cost(op),
             recomputable=_is_recomputable(op))
         for t in op.outputs:
-            shape, size = _shape_and_bytes(t, batch_size)
-            consumers = tuple(sorted(c.name for c in t.consumers() if c in region))
-            tensors[t.name] = TensorInfo(
-                name=t.name, op=op.name, shape=shape, dtype=t.dtype.name, bytes=size,
-                is_float=t.dtype.is_floating, consumers=consumers)
+            tensors[t.name] = _tensor_info(t, op.name, region, batch_size)
         for t in op.inputs:
             if t.op in region:
                 if graph.has_edge(t.op.name, op.name):
@@ -212,4 +228,5 @@ def capture(ys, xs, *, batch_size=None):
     # other), which keeps the live set small, and makes plans identical from run to run.
     created = {op.name: op._id for op in region}  # pylint: disable=protected-access
     order = list(nx.lexicographical_topological_sort(graph, key=created.__getitem__))
-    return GraphView(graph, ops, tensors, order, x_names, y_names)
+    inputs = {t.name: _tensor_info(t, None, region, batch_size) for t in xs}
+    return GraphView(graph, ops, tensors, order, x_names, y_names, inputs)

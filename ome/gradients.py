@@ -46,6 +46,13 @@ def _graph_tensor(value, what):
     return value
 
 
+def _zeros_for(x):
+    """The zero gradient of ``x`` (a variable's value, not its handle)."""
+    if isinstance(x, tf.Variable):
+        return tf.zeros(x.shape, x.dtype.base_dtype)
+    return tf.zeros_like(x)
+
+
 def _validate_inputs(ys, xs, grad_ys):
     ys = [_graph_tensor(y, "ys entry") for y in _as_list(ys, "ys")]
     xs = [_graph_tensor(x, "xs entry") for x in _as_list(xs, "xs")]
@@ -191,6 +198,7 @@ def gradients(ys, xs, grad_ys=None, *, checkpoints="auto", batch_size=None, swap
         raise errors.InvalidArgumentError(
             f"unconnected_gradients must be 'none' or 'zero', got {unconnected_gradients!r}")
     start = time.perf_counter()
+    xs_in = xs
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     chosen, view = _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget)
     log.info("total checkpoints disconnected count : %d", len(chosen.checkpoints))
@@ -203,7 +211,9 @@ def gradients(ys, xs, grad_ys=None, *, checkpoints="auto", batch_size=None, swap
         from ome import host
         real_copy = host.needs_real_copy(chosen.host_device)
     grads, info = rewrite.build_gradients(view, chosen, ys, xs, grad_ys, real_copy=real_copy,
-                                          unconnected=unconnected_gradients, name=name)
+                                          name=name)
+    if unconnected_gradients == "zero":
+        grads = [_zeros_for(x) if g is None else g for g, x in zip(grads, _as_list(xs_in, "xs"))]
     log.info("ome.gradients: %d checkpoints, %d swapped, %d ops copied in %d segments, "
              "%d ops added, %.3f s", len(chosen.checkpoints), len(info.swapped),
              info.copied_ops, info.segments, info.added_ops, time.perf_counter() - start)

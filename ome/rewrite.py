@@ -18,6 +18,8 @@ from ome import errors
 from ome.plans import Decision
 
 log = logging.getLogger(__name__)
+# Bound at import so ome.patch, which replaces tf.gradients, never routes ome into itself.
+_tf_gradients = tf.gradients
 
 
 @dataclass
@@ -122,8 +124,7 @@ def _segment_ops(view, seeds, stop):
     return sorted(found, key=view.position.__getitem__)
 
 
-def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False,
-                    unconnected="none", name="ome_gradients"):
+def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False, name="ome_gradients"):
     """Gradients of ``ys`` w.r.t. ``xs`` that recompute and swap as ``plan`` says.
 
     ``view`` must be the capture of exactly these ``ys``/``xs``; ``ys``, ``xs``, ``grad_ys``
@@ -210,7 +211,7 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False,
                         g if g is not None else tf.ones_like(graph.get_tensor_by_name(t)))
                     source(t, prefetch)
             if outs and used:
-                gs = tf.gradients(outs, [sources[n] for n in used], grad_ys=douts, name="grad")
+                gs = _tf_gradients(outs, [sources[n] for n in used], grad_ys=douts, name="grad")
                 for n, g in zip(used, gs):
                     if g is not None:
                         partials.setdefault(n, []).append(g)
@@ -220,12 +221,10 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False,
         # one last differentiation over the original ops carries them to xs.
         final_ys = [n for n in sources if n not in ckpt_names and n in partials]
         if final_ys:
-            grads = tf.gradients([graph.get_tensor_by_name(n) for n in final_ys], list(xs),
+            grads = _tf_gradients([graph.get_tensor_by_name(n) for n in final_ys], list(xs),
                                  grad_ys=[_sum(partials.pop(n)) for n in final_ys],
                                  name="grad_xs")
         else:
             grads = [None] * len(xs)
-        if unconnected == "zero":
-            grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
     info.added_ops = len(graph.get_operations()) - before
     return grads, info

@@ -36,7 +36,7 @@ def plan_from_checkpoints(view, checkpoints, policy, *, reason="checkpoint", est
             else:
                 decision, why = Decision.RECOMPUTE, "between checkpoints"
             rows.append(TensorPlan(name, op.type, t.shape, t.bytes, decision, why))
-    ordered = tuple(sorted(chosen, key=lambda n: view.position[view.tensors[n].op]))
+    ordered = tuple(sorted(chosen, key=view.produced_at))
     return Plan(policy=policy, checkpoints=ordered, tensors=tuple(rows),
                 estimates=dict(estimates or {}))
 
@@ -68,62 +68,46 @@ def speed(view):
     return plan_from_checkpoints(view, chosen, "speed", reason="conv/matmul output")
 
 
-def _frontier_bytes(view, counted):
-    """``out[i]``: bytes of ``counted`` tensors produced at or before position i and still
-    consumed after it, i.e. the tensors a cut right after op i must keep."""
+def _crossing(view, counted, weight):
+    """``out[i]``: total ``weight`` of the ``counted`` tensors made at or before position i
+    and still consumed after it, i.e. of the tensors a cut right after op i must keep."""
     delta = np.zeros(len(view.order) + 1)
     for name in counted:
-        start = view.position[view.tensors[name].op]
-        end = view.last_use(name)
+        start, end = view.produced_at(name), view.last_use(name)
         if end > start:
-            delta[start] += view.tensor_bytes(name)
-            delta[end] -= view.tensor_bytes(name)
+            delta[max(start, 0)] += weight(name)
+            delta[end] -= weight(name)
     return np.cumsum(delta)[:-1]
 
 
 def _live_after(view, counted, position):
     """The ``counted`` tensors that cross the cut right after ``position``."""
-    return [n for n in counted
-            if view.position[view.tensors[n].op] <= position < view.last_use(n)]
+    return [n for n in counted if view.produced_at(n) <= position < view.last_use(n)]
 
 
 def bottlenecks(view):
     """OpenAI's 'memory': tensors that separate the graph, thinned to about sqrt(N).
 
     A tensor is a bottleneck when it is the only large tensor crossing the cut right after
-    its producer. Raises :class:`NoBottleneckError` when there is none, as OpenAI's did.
+    its producer; float ``xs`` still consumed later count as crossing (a path from an input
+    around the tensor). Raises :class:`NoBottleneckError` when there is none, as OpenAI's did.
     """
-    large = [n for n in view.candidates() if view.tensors[n].is_float
-             and view.tensor_bytes(n) // max(1, _itemsize(view, n)) > MIN_CHECKPOINT_ELEMENTS]
-    crossing = _frontier_counts(view, large)
-    found = [n for n in large
-             if crossing[view.position[view.tensors[n].op]] == 1
-             and view.last_use(n) > view.position[view.tensors[n].op]]
+    def large(info):
+        return info.is_float and (info.elements or 0) > MIN_CHECKPOINT_ELEMENTS
+
+    candidates = [n for n in view.candidates() if large(view.tensors[n])]
+    inputs = [n for n, info in view.inputs.items() if info.is_float]
+    crossing = _crossing(view, candidates + inputs, weight=lambda n: 1)
+    found = [n for n in candidates
+             if crossing[view.produced_at(n)] == 1 and view.last_use(n) > view.produced_at(n)]
     if not found:
         raise errors.NoBottleneckError(
             "no bottleneck tensors: no single tensor separates this graph (long skip "
             "connections or dense connectivity); pass checkpoints='auto', 'speed' or a list")
-    target = math.ceil(math.sqrt(len(large)))
-    if len(found) > target:
-        step = math.ceil(len(found) / math.sqrt(len(large)))
+    if len(found) > math.ceil(math.sqrt(len(candidates))):
+        step = math.ceil(len(found) / math.sqrt(len(candidates)))
         found = found[step::step]
     return plan_from_checkpoints(view, found, "memory", reason="bottleneck, sqrt(N) spacing")
-
-
-def _itemsize(view, name):
-    t = view.tensors[name]
-    elements = math.prod(d for d in t.shape if d is not None) or 1
-    return max(1, (t.bytes or 0) // elements)
-
-
-def _frontier_counts(view, counted):
-    delta = np.zeros(len(view.order) + 1, dtype=np.int64)
-    for name in counted:
-        start, end = view.position[view.tensors[name].op], view.last_use(name)
-        if end > start:
-            delta[start] += 1
-            delta[end] -= 1
-    return np.cumsum(delta)[:-1]
 
 
 def _cuts_for(num_segments, cumulative, frontier):
@@ -154,10 +138,10 @@ def auto(view):
     counted = view.candidates()
     if not counted:
         return plan_from_checkpoints(view, [], "auto")
-    frontier = _frontier_bytes(view, counted)
+    frontier = _crossing(view, counted, weight=view.tensor_bytes)
     produced = np.zeros(len(view.order))
     for name in counted:
-        produced[view.position[view.tensors[name].op]] += view.tensor_bytes(name)
+        produced[view.produced_at(name)] += view.tensor_bytes(name)
     cumulative = np.cumsum(produced)
     best = None
     n = len(view.order)
@@ -171,7 +155,7 @@ def auto(view):
             best = (peak, cuts)
     peak, cuts = best
     chosen = sorted({name for pos in cuts for name in _live_after(view, counted, pos)},
-                    key=lambda name: view.position[view.tensors[name].op])
+                    key=view.produced_at)
     return plan_from_checkpoints(
         view, chosen, "auto", reason="in a cut of the graph",
         estimates={"cuts": len(cuts), "estimated_activation_peak": peak})

@@ -1,0 +1,156 @@
+"""ome.gradients equals tf.gradients, for every checkpoint mode, on graphs of every shape."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ome
+from ome import errors
+from tests import graphs
+
+MODES = ["auto", "memory", "speed", "collection", "list"]
+CASES = {
+    "tanh_chain": lambda: graphs.tanh_chain(layers=30),
+    "mlp": graphs.mlp,
+    "residual_chain": lambda: graphs.residual_chain(blocks=12),
+    "inception_block": graphs.inception_block,
+    "batch_norm": graphs.batch_norm,
+    "unet": graphs.unet,
+    "two_heads": graphs.two_heads,
+}
+
+
+def run_both(case, grads, expected_fn=tf.gradients, grad_ys=None):
+    expected = expected_fn(case.ys, case.xs, grad_ys=grad_ys)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        return sess.run([g for g in grads if g is not None], case.feed), sess.run(
+            [g for g in expected if g is not None], case.feed)
+
+
+def assert_same(got, want):
+    assert len(got) == len(want) and got
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def checkpoints_for(mode, case):
+    if mode == "list":
+        return case.interior
+    if mode == "collection":
+        for t in case.interior:
+            tf.compat.v1.add_to_collection("checkpoints", t)
+    return mode
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_equals_tf_gradients(graph, name, mode):
+    case = CASES[name]()
+    if mode == "memory" and not case.has_bottlenecks:
+        ops_before = len(graph.get_operations())
+        with pytest.raises(errors.NoBottleneckError, match="no bottleneck"):
+            ome.gradients(case.ys, case.xs, checkpoints="memory")
+        assert len(graph.get_operations()) == ops_before
+        return
+    grads = ome.gradients(case.ys, case.xs, checkpoints=checkpoints_for(mode, case))
+    assert len(grads) == len(case.xs)
+    got, want = run_both(case, grads)
+    assert_same(got, want)
+
+
+def test_auto_places_checkpoints_on_the_unet(graph):
+    case = graphs.unet()
+    chosen = ome.plan(case.ys, case.xs)
+    assert chosen.checkpoints, "auto must find cuts where no single tensor separates the graph"
+    print(chosen)
+
+
+def test_grad_ys(graph):
+    case = graphs.two_heads()
+    grad_ys = [tf.constant(2.0), tf.constant(-0.5)]
+    grads = ome.gradients(case.ys, case.xs, grad_ys=grad_ys)
+    got, want = run_both(case, grads, grad_ys=grad_ys)
+    assert_same(got, want)
+
+
+def test_intermediate_tensor_as_xs(graph):
+    case = graphs.tanh_chain(layers=20)
+    middle = case.interior[0]
+    grads = ome.gradients(case.ys, [middle, case.xs[0]])
+    expected = tf.gradients(case.ys, [middle, case.xs[0]])
+    with tf.compat.v1.Session() as sess:
+        assert_same(sess.run(grads, case.feed), sess.run(expected, case.feed))
+
+
+def test_unconnected_xs_gives_none_or_zero(graph):
+    case = graphs.mlp()
+    unused = graphs._weight((3, 3), "unused", 0)  # pylint: disable=protected-access
+    grads = ome.gradients(case.ys, case.xs + [unused])
+    assert grads[-1] is None and all(g is not None for g in grads[:-1])
+    zero = ome.gradients(case.ys, case.xs + [unused], unconnected_gradients="zero")
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        np.testing.assert_array_equal(sess.run(zero[-1]), np.zeros((3, 3), np.float32))
+
+
+def test_dropout_is_not_recomputed_with_new_randomness(graph):
+    x, feed = graphs._input((64, 256))  # pylint: disable=protected-access
+    ws = [graphs._weight((256, 256), f"dw{i}", i) for i in range(6)]  # pylint: disable=protected-access
+    h = x
+    for w in ws:
+        h = tf.nn.dropout(tf.tanh(tf.matmul(h, w)), rate=0.5)
+    loss = tf.reduce_mean(h)
+    grads = ome.gradients(loss, ws)
+    expected = tf.gradients(loss, ws)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        # One run computes both: the random masks are drawn once and must be the ones
+        # the recomputation uses.
+        got, want = sess.run([grads, expected], feed)
+    assert_same(got, want)
+
+
+def test_copies_stay_on_their_original_device(graph):
+    x, feed = graphs._input()  # pylint: disable=protected-access
+    h = x
+    for i in range(12):
+        with tf.device(f"/device:CPU:{i % 2}"):
+            h = tf.tanh(h)
+    loss = tf.reduce_sum(h)
+    grads, (chosen, info) = ome.gradients(loss, [x], return_info=True)
+    assert info.copied_ops > 0
+    originals = {op.name: op.device for op in graph.get_operations() if op.type == "Tanh"
+                 and not op.name.startswith("ome_gradients")}
+    copies = [op for op in graph.get_operations() if op.type == "Tanh"
+              and op.name.startswith("ome_gradients")]
+    assert copies
+    for op in copies:
+        original = op.name.split("/")[-1]
+        assert op.device == originals[original], op.name
+    with tf.compat.v1.Session() as sess:
+        assert_same(sess.run(grads, feed), sess.run(tf.gradients(loss, [x]), feed))
+
+
+def test_plan_prints_and_round_trips(graph):
+    case = graphs.residual_chain(blocks=10)
+    chosen = ome.plan(case.ys, case.xs, checkpoints="memory")
+    text = str(chosen)
+    assert "keep" in text and "recompute" in text
+    assert ome.Plan.from_json(chosen.to_json()) == chosen
+    ops_before = len(graph.get_operations())
+    ome.plan(case.ys, case.xs)
+    assert len(graph.get_operations()) == ops_before, "plan() must not touch the graph"
+
+
+def test_optimizer_minimize_through_patch(graph):
+    case = graphs.mlp()
+    with ome.patch(checkpoints="auto") as calls:
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(case.ys[0])
+    assert calls, "minimize() must have gone through ome.gradients"
+    assert tf.gradients is not None and "ome" not in getattr(tf.gradients, "__module__", "")
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        before = sess.run(case.ys[0], case.feed)
+        for _ in range(5):
+            sess.run(train, case.feed)
+        assert sess.run(case.ys[0], case.feed) < before
