@@ -165,6 +165,7 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False, name="ome_g
                                  key=lambda c: view.position[view.tensors[c].op]))
         y_triggers = [t.op for t in ys] + [g.op for g in grad_ys if g is not None]
         prefetch = y_triggers
+        finished = []  # gradients made by the last segment processed
         for index, outputs in enumerate(groups):
             if index == 0:
                 grads_in = list(grad_ys)
@@ -173,7 +174,10 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False, name="ome_g
                 grads_in = [_sum(partials.pop(c)) if c in partials else None for c in outputs]
                 if all(g is None for g in grads_in):
                     continue
-                triggers = sorted({g.op for g in grads_in if g is not None}, key=lambda o: o.name)
+                # Wait for the whole backward of the segment after this one, not just for the
+                # gradient it sends here: recomputing early would hold two segments at once.
+                triggers = sorted({g.op for g in grads_in + finished if g is not None},
+                                  key=lambda o: o.name)
             seeds = [view.tensors[t].op for t in outputs
                      if t in view.tensors and view.ops[view.tensors[t].op].recomputable]
             copies, used = {}, []
@@ -212,6 +216,7 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False, name="ome_g
                     source(t, prefetch)
             if outs and used:
                 gs = _tf_gradients(outs, [sources[n] for n in used], grad_ys=douts, name="grad")
+                finished = [g for g in gs if g is not None]
                 for n, g in zip(used, gs):
                     if g is not None:
                         partials.setdefault(n, []).append(g)

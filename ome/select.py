@@ -110,22 +110,25 @@ def bottlenecks(view):
     return plan_from_checkpoints(view, found, "memory", reason="bottleneck, sqrt(N) spacing")
 
 
-def _cuts_for(num_segments, cumulative, frontier):
-    """Cut positions splitting activations into ``num_segments`` roughly equal parts, each
-    moved to the cheapest cut within half a segment of its ideal place."""
-    total = cumulative[-1]
-    ideal = np.searchsorted(cumulative, total * np.arange(1, num_segments) / num_segments)
-    half = max(1, len(cumulative) // (2 * num_segments))
-    cuts = []
-    for pos in ideal:
-        lo, hi = max(0, pos - half), min(len(frontier) - 1, pos + half)
-        if cuts:
-            lo = max(lo, cuts[-1] + 1)
-        if lo > hi:
-            continue
-        window = frontier[lo:hi + 1]
-        cuts.append(lo + int(np.argmin(window + 1e-9 * np.abs(np.arange(lo, hi + 1) - pos))))
-    return cuts
+def _greedy_cuts(limit, cumulative, frontier):
+    """Cuts keeping every rebuilt segment plus the checkpoints before it under ``limit``
+    bytes: each segment grows until the limit, then is cut where the cut is cheapest.
+    None when ``limit`` cannot be met."""
+    cuts, kept, base, start = [], 0.0, 0.0, -1
+    while True:
+        # First position whose segment would exceed the limit.
+        over = int(np.searchsorted(cumulative, limit - kept + base, side="right"))
+        if over >= len(cumulative):
+            return cuts
+        if over <= start + 1:
+            return None
+        window = frontier[start + 1:over]
+        cut = over - 1 - int(np.argmin(window[::-1]))  # the latest of the cheapest cuts
+        cuts.append(cut)
+        kept += frontier[cut]
+        base, start = cumulative[cut], cut
+        if kept >= limit:
+            return None
 
 
 def auto(view):
@@ -143,17 +146,19 @@ def auto(view):
     for name in counted:
         produced[view.produced_at(name)] += view.tensor_bytes(name)
     cumulative = np.cumsum(produced)
-    best = None
-    n = len(view.order)
-    for segments in range(1, min(n, 3 * math.isqrt(n) + 3) + 1):
-        cuts = _cuts_for(segments, cumulative, frontier)
-        bounds = [-1] + cuts + [n - 1]
-        largest = max(cumulative[b] - (cumulative[a] if a >= 0 else 0)
-                      for a, b in zip(bounds, bounds[1:]))
-        peak = float(frontier[cuts].sum()) + float(largest) if cuts else float(largest)
-        if best is None or peak < best[0]:
-            best = (peak, cuts)
-    peak, cuts = best
+    # The smallest estimated peak any cut set reaches: bisect on it.
+    low, high = float(produced.max()), float(cumulative[-1])
+    cuts = []
+    for _ in range(40):
+        if high - low <= max(1.0, 1e-3 * high):
+            break
+        middle = (low + high) / 2
+        found = _greedy_cuts(middle, cumulative, frontier)
+        if found is None:
+            low = middle
+        else:
+            high, cuts = middle, found
+    peak = high
     chosen = sorted({name for pos in cuts for name in _live_after(view, counted, pos)},
                     key=view.produced_at)
     return plan_from_checkpoints(

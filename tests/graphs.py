@@ -101,15 +101,15 @@ def batch_norm(batch=16, size=8, channels=8, layers=3):
     return Case([tf.reduce_mean(tf.square(h))], ws, feed, interior[:2])
 
 
-def unet(depth=4, width=16, size=32, batch=4):
+def unet(depth=4, width=16, size=32, batch=4, convs=2):
     """A U-Net-like graph: each encoder level is concatenated into the decoder (long skips)
     and the input itself is the outermost skip, read again by the pooled head, so no single
     tensor separates the graph."""
     x, feed = _input((batch, size, size, width), scale=0.3)
     h, skips, ws = x, [], []
     for d in range(depth):
-        for part in "ab":
-            w = _weight((3, 3, h.shape[-1], width), f"enc{d}{part}", seed=10 * d + ord(part))
+        for part in range(convs):
+            w = _weight((3, 3, h.shape[-1], width), f"enc{d}_{part}", seed=10 * d + part)
             ws.append(w)
             h = tf.nn.relu(tf.nn.conv2d(h, w, 1, "SAME"))
         skips.append(h)
@@ -117,8 +117,8 @@ def unet(depth=4, width=16, size=32, batch=4):
     for d in reversed(range(depth)):
         h = tf.image.resize(h, skips[d].shape[1:3], method="nearest")
         h = tf.concat([h, skips[d]], axis=-1)
-        for part in "ab":
-            w = _weight((3, 3, h.shape[-1], width), f"dec{d}{part}", seed=100 + 10 * d + ord(part))
+        for part in range(convs):
+            w = _weight((3, 3, h.shape[-1], width), f"dec{d}_{part}", seed=100 + 10 * d + part)
             ws.append(w)
             h = tf.nn.relu(tf.nn.conv2d(h, w, 1, "SAME"))
     pooled = tf.reduce_mean(h, axis=[1, 2]) - tf.reduce_mean(x, axis=[1, 2])
@@ -127,8 +127,9 @@ def unet(depth=4, width=16, size=32, batch=4):
 
 
 def big_unet():
-    """A U-Net whose activations dominate memory (for the memory test)."""
-    return unet(depth=4, width=32, size=64, batch=8)
+    """A U-Net whose activations dominate memory (for the memory test): six 3x3 convs
+    per level, 2 MiB activations at the top level."""
+    return unet(depth=4, width=16, size=64, batch=8, convs=6)
 
 
 def two_heads():

@@ -1,0 +1,50 @@
+"""Measured memory: ome.gradients lowers the allocator's peak, by the promised amounts.
+
+Sizes are hand-computable: every activation of the chains is 256x1024 float32 = 1 MiB.
+Figures come from TensorFlow's allocator (ome.measure), default Grappler configuration.
+"""
+import pytest
+import tensorflow as tf
+
+import ome
+from ome.measure import measure
+from tests import graphs
+
+MiB = 2 ** 20
+
+
+def memory_cost(case, gradients_fn):
+    grads = [g for g in gradients_fn(case.ys, case.xs) if g is not None]
+    # One inter-op thread: the executor's order, and so the peak, is the same every run.
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+    with tf.compat.v1.Session(config=config) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        return measure(sess, grads, case.feed, warmup=1, steps=2, trace=False).memory_cost
+
+
+def compare(builder, **options):
+    with tf.Graph().as_default():
+        vanilla = memory_cost(builder(), tf.gradients)
+    with tf.Graph().as_default():
+        rewritten = memory_cost(builder(), lambda ys, xs: ome.gradients(ys, xs, **options))
+    print(f"{builder.__name__}: tf.gradients {vanilla / MiB:.1f} MiB, "
+          f"ome {rewritten / MiB:.1f} MiB ({rewritten / vanilla:.0%})")
+    return vanilla, rewritten
+
+
+def test_tanh_chain_auto_keeps_at_most_25_mib():
+    vanilla, rewritten = compare(graphs.tanh_chain)
+    assert vanilla >= 95 * MiB  # one 1 MiB tanh output per layer for TanhGrad
+    assert rewritten <= 25 * MiB
+
+
+@pytest.mark.parametrize("mode", ["memory", "auto"])
+def test_residual_chain(mode):
+    vanilla, rewritten = compare(lambda: graphs.residual_chain(blocks=100), checkpoints=mode)
+    assert vanilla >= 95 * MiB
+    assert rewritten <= 30 * MiB
+
+
+def test_unet_auto_at_most_70_percent():
+    vanilla, rewritten = compare(graphs.big_unet)
+    assert rewritten <= 0.7 * vanilla
