@@ -1,0 +1,121 @@
+"""Bad input: a clear exception naming the problem, and the graph left exactly as it was."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ome
+from ome import errors
+from tests import graphs
+
+
+def raises_unchanged(graph, error, match, fn):
+    before = len(graph.get_operations())
+    with pytest.raises(error, match=match):
+        fn()
+    assert len(graph.get_operations()) == before, "a failed call must not edit the graph"
+
+
+def test_not_a_tensor(graph):
+    case = graphs.mlp()
+    raises_unchanged(graph, errors.InvalidTypeError, "must be tf.Tensor",
+                     lambda: ome.gradients(case.ys, [np.ones(3)]))
+
+
+def test_eager_tensor():
+    # The test process runs in graph mode, so real eager tensors need a process of their own.
+    code = ("import tensorflow as tf, ome\n"
+            "x = tf.constant([1.0, 2.0])\n"
+            "try:\n    ome.gradients(tf.reduce_sum(x * x), [x])\n"
+            "except ome.errors.InvalidTypeError as e:\n    print('REFUSED', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert "REFUSED" in out and "eager tensor" in out
+
+
+def test_ys_not_depending_on_xs(graph):
+    case = graphs.mlp()
+    other = tf.compat.v1.placeholder(tf.float32, [4], name="unrelated")
+    raises_unchanged(graph, errors.InvalidArgumentError, "depends on any of xs",
+                     lambda: ome.gradients(case.ys, [other]))
+
+
+def test_xs_from_another_graph(graph):
+    case = graphs.mlp()
+    with tf.Graph().as_default():
+        foreign = tf.compat.v1.placeholder(tf.float32, [4])
+    raises_unchanged(graph, errors.InvalidArgumentError, "another graph",
+                     lambda: ome.gradients(case.ys, [foreign]))
+
+
+def test_checkpoint_outside_region(graph):
+    case = graphs.tanh_chain(layers=10)
+    outside = tf.tanh(tf.compat.v1.placeholder(tf.float32, [2]))
+    raises_unchanged(graph, errors.InvalidArgumentError, "outside the region",
+                     lambda: ome.gradients(case.ys, case.xs, checkpoints=[outside]))
+
+
+def test_checkpoint_equal_to_ys(graph):
+    case = graphs.tanh_chain(layers=10)
+    raises_unchanged(graph, errors.InvalidArgumentError, "is one of ys",
+                     lambda: ome.gradients(case.ys, case.xs, checkpoints=case.ys))
+
+
+def test_empty_xs(graph):
+    case = graphs.mlp()
+    raises_unchanged(graph, errors.InvalidArgumentError, "xs is empty",
+                     lambda: ome.gradients(case.ys, []))
+
+
+def test_integer_ys(graph):
+    x = tf.compat.v1.placeholder(tf.float32, [4])
+    y = tf.cast(tf.reduce_sum(x), tf.int32)
+    raises_unchanged(graph, errors.InvalidArgumentError, "int32",
+                     lambda: ome.gradients([y], [x]))
+
+
+def test_while_loop_in_region_is_refused_by_name(graph):
+    x = tf.compat.v1.placeholder(tf.float32, [8])
+    h = tf.tanh(x)
+    _, looped = tf.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, tf.tanh(v)), [0, h])
+    y = tf.reduce_sum(tf.tanh(looped))
+    raises_unchanged(graph, errors.UnsupportedGraphError, r"op .*(While|Switch|Enter|Merge)",
+                     lambda: ome.gradients([y], [x]))
+
+
+def test_cond_in_region_is_refused_by_name(graph):
+    x = tf.compat.v1.placeholder(tf.float32, [8])
+    flag = tf.compat.v1.placeholder(tf.bool, [])
+    h = tf.cond(flag, lambda: tf.tanh(x), lambda: tf.sin(x))
+    y = tf.reduce_sum(tf.tanh(h))
+    raises_unchanged(graph, errors.UnsupportedGraphError, r"op .*(If|Switch|Merge)",
+                     lambda: ome.gradients([y], [x]))
+
+
+def test_unknown_batch_dimension_without_batch_size(graph):
+    x = tf.compat.v1.placeholder(tf.float32, [None, 64])
+    h = x
+    for _ in range(5):
+        h = tf.tanh(h)
+    y = tf.reduce_sum(h)
+    raises_unchanged(graph, errors.InvalidArgumentError, "batch_size=",
+                     lambda: ome.gradients([y], [x]))
+    grads = ome.gradients([y], [x], batch_size=16)  # the hint resolves it
+    with tf.compat.v1.Session() as sess:
+        value = np.random.RandomState(0).randn(16, 64).astype(np.float32)
+        np.testing.assert_allclose(sess.run(grads[0], {x: value}),
+                                   sess.run(tf.gradients(y, x)[0], {x: value}), rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_checkpoint_mode(graph):
+    case = graphs.mlp()
+    raises_unchanged(graph, errors.InvalidArgumentError, "unknown checkpoints mode",
+                     lambda: ome.gradients(case.ys, case.xs, checkpoints="fast"))
+
+
+def test_empty_collection(graph):
+    case = graphs.mlp()
+    raises_unchanged(graph, errors.InvalidArgumentError, "collection 'checkpoints' is empty",
+                     lambda: ome.gradients(case.ys, case.xs, checkpoints="collection"))
