@@ -46,4 +46,5 @@ class OutOfMemoryError(OmeError, RuntimeError):
 
 
 class DeviceError(OmeError, RuntimeError):
-    """The TensorFlow runtime lacks a device ome needs (no host to swap to, devices fixed too late)."""
+    """TensorFlow's runtime lacks a device ome needs (no host to swap to, devices fixed too late)
+    or keeps no memory statistics for the measured device."""

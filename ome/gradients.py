@@ -163,8 +163,18 @@ def _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget
     view = capture_mod.capture(ys, xs, batch_size=batch_size)
     _validate_region(view, ys, xs)
     if memory_budget is not None:
-        from ome import planner
-        return planner.fit_budget(view, memory_budget, host_device=host_device), view
+        from ome import host, planner
+        if host_device is not None:
+            host_device = host.validate_host_device(host_device)
+        elif swap is not False:
+            host_device = host.default_host_device()
+        static = sum(x.shape.num_elements() * x.dtype.size for x in xs
+                     if x.dtype != tf.resource and x.shape.is_fully_defined())
+        static += sum(v.shape.num_elements() * v.dtype.size
+                      for v in tf.compat.v1.global_variables() if v.shape.is_fully_defined())
+        # Weights and their gradients live through the step next to the activations.
+        return planner.fit_budget(view, memory_budget, host_device=host_device,
+                                  static_bytes=2 * static), view
     result = _checkpoint_plan(view, checkpoints)
     return _with_swaps(result, view, swap, host_device), view
 
@@ -206,12 +216,18 @@ def gradients(ys, xs, grad_ys=None, *, checkpoints="auto", batch_size=None, swap
         for name_ in chosen.checkpoints:
             if name_ not in chosen.swapped:
                 log.info("checkpoints but not swap out to %s: %s", chosen.host_device, name_)
-    real_copy = False
-    if chosen.swapped:
-        from ome import host
-        real_copy = host.needs_real_copy(chosen.host_device)
-    grads, info = rewrite.build_gradients(view, chosen, ys, xs, grad_ys, real_copy=real_copy,
-                                          name=name)
+    if not chosen.checkpoints and chosen.count(Decision.RECOMPUTE):
+        log.warning("checkpoints=%r found no checkpoint in this graph: recomputing without "
+                    "one saves no memory, so this is plain tf.gradients", chosen.policy)
+    if not chosen.checkpoints or (not chosen.swapped and chosen.count(Decision.RECOMPUTE) == 0):
+        grads, info = rewrite.plain_gradients(ys, xs, grad_ys, name=name), rewrite.RewriteInfo()
+    else:
+        real_copy = False
+        if chosen.swapped:
+            from ome import host
+            real_copy = host.needs_real_copy(chosen.host_device)
+        grads, info = rewrite.build_gradients(view, chosen, ys, xs, grad_ys,
+                                              real_copy=real_copy, name=name)
     if unconnected_gradients == "zero":
         grads = [_zeros_for(x) if g is None else g for g, x in zip(grads, _as_list(xs_in, "xs"))]
     log.info("ome.gradients: %d checkpoints, %d swapped, %d ops copied in %d segments, "

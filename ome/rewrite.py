@@ -89,6 +89,11 @@ def _sum(parts):
     return tf.math.add_n([tf.convert_to_tensor(p) for p in parts])
 
 
+def plain_gradients(ys, xs, grad_ys, *, name):
+    """``tf.gradients`` itself, for plans that change nothing."""
+    return _tf_gradients(ys, xs, grad_ys=grad_ys, name=name)
+
+
 def _depths(view, checkpoints):
     """Depth of each checkpoint: 1 + the deepest checkpoint upstream of it. Checkpoints of
     one depth are one segment's outputs (OpenAI grouped them the same way)."""

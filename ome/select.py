@@ -131,12 +131,13 @@ def _greedy_cuts(limit, cumulative, frontier):
             return None
 
 
-def auto(view):
+def auto(view, *, limit=None):
     """ome's default: cuts of the graph (sets of tensors), spaced for a sqrt(n) peak.
 
     Works where no single tensor separates the graph (U-Net, DenseNet): every cut of a
     topological order is a separator, so the policy picks cuts of few bytes, spaced so the
     bytes kept at cuts plus the largest recomputed segment is smallest. docs/ALGORITHM.md.
+    ``limit``: instead of the smallest peak, the fewest cuts whose estimate stays under it.
     """
     counted = view.candidates()
     if not counted:
@@ -146,6 +147,9 @@ def auto(view):
     for name in counted:
         produced[view.produced_at(name)] += view.tensor_bytes(name)
     cumulative = np.cumsum(produced)
+    found = None if limit is None else _greedy_cuts(limit, cumulative, frontier)
+    if found is not None:
+        return _plan_for_cuts(view, counted, found, limit)
     # The smallest estimated peak any cut set reaches: bisect on it.
     low, high = float(produced.max()), float(cumulative[-1])
     cuts = []
@@ -158,7 +162,10 @@ def auto(view):
             low = middle
         else:
             high, cuts = middle, found
-    peak = high
+    return _plan_for_cuts(view, counted, cuts, high)
+
+
+def _plan_for_cuts(view, counted, cuts, peak):
     chosen = sorted({name for pos in cuts for name in _live_after(view, counted, pos)},
                     key=view.produced_at)
     return plan_from_checkpoints(

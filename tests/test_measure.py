@@ -1,0 +1,343 @@
+"""Tests of ome.measure and ome.host.
+
+Memory tests use tensors of exactly 1 MiB (256 x 1024 float32) so every expected figure is
+computed by hand. TensorFlow's allocator reports these sizes exactly on CPU; ``TOL`` leaves
+room for a few scalars.
+"""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ome import host
+from ome.errors import (
+    DeviceError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    OmeError,
+    OutOfMemoryError,
+)
+from ome.measure import DeviceMemory, Measurement, measure, peak_from_records, per_device_memory
+
+MiB = 1 << 20
+SHAPE = [256, 1024]  # float32: exactly 1 MiB
+TOL = MiB // 16
+CPU0, CPU1 = "/device:CPU:0", "/device:CPU:1"
+
+needs_no_gpu = pytest.mark.skipif(
+    bool(tf.config.get_visible_devices("GPU")), reason="expects the CPU-only emulation"
+)
+
+
+def _session():
+    session = tf.compat.v1.Session()
+    session.run(tf.compat.v1.global_variables_initializer())
+    return session
+
+
+def _live_together(n):
+    """A step that holds ``n`` fresh 1 MiB tensors at once (``add_n`` needs them all)."""
+    v = tf.Variable(tf.ones(SHAPE), name="v")
+    ys = [tf.sin(v + float(i + 1)) for i in range(n)]
+    return tf.reduce_sum(tf.add_n(ys))
+
+
+# ---------------------------------------------------------------------------------------
+# Pure accounting, no TensorFlow session
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "records, peak",
+    [
+        ([], 0),
+        ([(0, 4), (1, 8), (2, -4), (3, 2)], 12),
+        ([(3, 2), (0, 4), (2, -4), (1, 8)], 12),  # sorted by time first
+        ([(0, 5), (1, -5), (2, 3)], 5),
+        ([(0, -7), (1, 3)], 0),  # frees of older memory never make a peak
+        ([(0, 3), (5, -3), (5, 10)], 10),  # equal times keep their given order
+        ([(0, 3), (5, 10), (5, -3)], 13),
+    ],
+)
+def test_peak_from_records_hand_examples(records, peak):
+    assert peak_from_records(records) == peak
+
+
+def test_peak_from_records_rejects_non_pairs():
+    with pytest.raises(InvalidArgumentError, match="micros, bytes"):
+        peak_from_records([(0, 1, 2)])
+
+
+def test_device_memory_from_records():
+    memory = DeviceMemory.from_records([(2, -MiB), (0, MiB), (1, 2 * MiB), (3, 4)], ["mklcpu"])
+    assert memory == DeviceMemory(
+        peak=3 * MiB, live_at_end=2 * MiB + 4, allocated_total=3 * MiB + 4, allocators=("mklcpu",)
+    )
+
+
+def test_per_device_memory_from_hand_built_metadata():
+    metadata = tf.compat.v1.RunMetadata()
+    records = {
+        "/job:localhost/replica:0/task:0/device:CPU:0": [(0, 100), (2, -100), (3, 50)],
+        "/job:localhost/replica:0/task:0/device:CPU:0/stream:all": [(1, 10)],
+        "/job:localhost/replica:0/task:0/device:CPU:1": [(0, 7), (1, -7)],
+    }
+    for device, pairs in records.items():
+        node = metadata.step_stats.dev_stats.add(device=device).node_stats.add(node_name="n")
+        memory = node.memory.add(allocator_name="mklcpu")
+        for micros, nbytes in pairs:
+            memory.allocation_records.add(alloc_micros=micros, alloc_bytes=nbytes)
+    result = per_device_memory(metadata)
+    assert sorted(result) == [CPU0, CPU1]
+    assert result[CPU0] == DeviceMemory(110, 60, 160, ("mklcpu",))  # stream merged in
+    assert result[CPU1] == DeviceMemory(7, 0, 7, ("mklcpu",))
+
+
+def test_measurement_dict_and_text():
+    m = Measurement(
+        device="CPU:0", max_mem=6 * MiB, mem_used=2 * MiB, step_time=0.002,
+        step_times=(0.003, 0.002, 0.001), host_rss=100 * MiB,
+        per_device={CPU0: DeviceMemory(4 * MiB, 0, 5 * MiB)},
+    )
+    d = m.to_dict()
+    assert d["memory_cost"] == 4 * MiB
+    assert d["step_times"] == [0.003, 0.002, 0.001]
+    assert d["per_device"][CPU0]["peak"] == 4 * MiB
+    text = str(m)
+    assert "max_mem 6.00 MiB" in text and "memory_cost 4.00 MiB" in text
+    assert "/device:CPU:0: peak 4.00 MiB" in text
+    with pytest.raises(Exception):
+        m.max_mem = 0  # frozen
+
+
+# ---------------------------------------------------------------------------------------
+# measure() on real sessions
+# ---------------------------------------------------------------------------------------
+
+
+@needs_no_gpu
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_n_live_tensors_cost_n_mib(graph, n):
+    step = _live_together(n)
+    with _session() as session:
+        m = measure(session, step, steps=3)
+    assert m.device == "CPU:0"
+    assert abs(m.memory_cost - n * MiB) <= TOL
+    assert abs(m.per_device[CPU0].peak - n * MiB) <= TOL
+    assert m.per_device[CPU0].live_at_end <= TOL
+    assert len(m.step_times) == 3 and m.step_time == sorted(m.step_times)[1]
+
+
+@needs_no_gpu
+def test_variable_shows_up_in_mem_used(graph):
+    step = _live_together(2)
+    big = tf.Variable(tf.zeros([4 * 256, 1024]), name="big")  # 4 MiB, unused by the step
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.variables_initializer([v for v in tf.compat.v1.global_variables()
+                                                        if v is not big]))
+        before = measure(session, step, steps=2, trace=False)
+        session.run(big.initializer)
+        after = measure(session, step, steps=2, trace=False)
+    assert abs(after.mem_used - before.mem_used - 4 * MiB) <= TOL
+    assert abs(after.memory_cost - before.memory_cost) <= TOL
+    assert before.per_device is None
+
+
+@needs_no_gpu
+def test_fetched_values_are_not_counted_as_used(graph):
+    v = tf.Variable(tf.ones(SHAPE))
+    out = tf.sin(v)  # fetched: on CPU its numpy array would share the TF buffer
+    with _session() as session:
+        baseline = measure(session, v.initializer, steps=1, trace=False).mem_used
+        m = measure(session, out, steps=2)
+    assert abs(m.mem_used - baseline) <= TOL
+    assert abs(m.memory_cost - MiB) <= TOL
+
+
+@needs_no_gpu
+def test_feed_dict_is_passed(graph):
+    x = tf.compat.v1.placeholder(tf.float32, SHAPE)
+    step = tf.reduce_sum(tf.add_n([tf.sin(x + 1.0), tf.sin(x + 2.0)]))
+    with tf.compat.v1.Session() as session:
+        m = measure(session, step, {x: np.ones(SHAPE, np.float32)}, steps=2)
+    assert abs(m.per_device[CPU0].peak - 2 * MiB) <= TOL
+
+
+@needs_no_gpu
+@pytest.mark.parametrize("copy_device, cpu0_peak", [(CPU0, 2 * MiB), (CPU1, MiB)])
+def test_deep_copy_is_attributed_to_its_device(graph, copy_device, cpu0_peak):
+    # a and its copy are both live until the multiply, which runs last (it needs both) and
+    # writes its result into one of their buffers: no third MiB.
+    with tf.device(CPU0):
+        v = tf.Variable(tf.ones(SHAPE))
+        a = tf.sin(v)
+    with tf.device(copy_device):
+        copy = tf.raw_ops.DeepCopy(x=a)
+    with tf.device(CPU0):
+        step = tf.reduce_sum(a * copy)
+    with _session() as session:
+        m = measure(session, step, steps=2)
+    assert abs(m.per_device[CPU0].peak - cpu0_peak) <= TOL
+    if copy_device == CPU1:
+        assert abs(m.per_device[CPU1].peak - MiB) <= TOL
+        assert abs(m.per_device[CPU0].allocated_total - MiB) <= TOL
+    else:
+        assert CPU1 not in m.per_device or m.per_device[CPU1].allocated_total <= TOL
+    # both logical CPUs share one allocator: the process-wide figure sees both MiB
+    assert abs(m.memory_cost - 2 * MiB) <= TOL
+
+
+@needs_no_gpu
+def test_host_rss_is_the_process_resident_size(graph):
+    step = _live_together(1)
+    with _session() as session:
+        m = measure(session, step, steps=1, trace=False)
+    assert 100 * MiB < m.host_rss < 64 * 1024 * MiB  # TensorFlow alone is a few hundred MiB
+
+
+class _ExhaustedSession:
+    def run(self, fetches, feed_dict=None, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+
+def test_resource_exhausted_becomes_out_of_memory_error():
+    with pytest.raises(OutOfMemoryError, match="OOM when allocating") as info:
+        measure(_ExhaustedSession(), "fetch")
+    assert isinstance(info.value, OmeError)
+    assert "OOM when allocating" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        ({"steps": 0}, InvalidArgumentError, "steps must be >= 1"),
+        ({"warmup": -1}, InvalidArgumentError, "warmup must be >= 0"),
+        ({"steps": 2.0}, InvalidTypeError, "steps must be an int"),
+        ({"steps": True}, InvalidTypeError, "steps must be an int"),
+        ({"trace": "yes"}, InvalidTypeError, "trace must be a bool"),
+        ({"device": "/device:CPU:7"}, InvalidArgumentError, "/device:CPU:0, /device:CPU:1"),
+        ({"device": "banana"}, InvalidArgumentError, "not a device name"),
+        ({"device": 0}, InvalidTypeError, "device must be a device name"),
+    ],
+)
+def test_measure_rejects_bad_arguments(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        measure(_ExhaustedSession(), "fetch", **kwargs)
+
+
+def test_measure_rejects_a_non_session():
+    with pytest.raises(InvalidTypeError, match="session must be"):
+        measure(None, "fetch")
+
+
+# ---------------------------------------------------------------------------------------
+# Host and accelerator devices
+# ---------------------------------------------------------------------------------------
+
+
+@needs_no_gpu
+def test_devices_under_emulation():
+    assert host.accelerator_device() == CPU0
+    assert host.default_host_device() == CPU1
+    assert host.emulate_host() == CPU1  # already configured by conftest: a no-op
+    assert host.needs_real_copy(CPU1) is True
+
+
+@pytest.mark.parametrize(
+    "name", ["/cpu:1", "CPU:1", "/device:CPU:1", "/job:localhost/replica:0/task:0/device:CPU:1"]
+)
+def test_canonical_device_spellings(name):
+    assert host.canonical_device(name) == CPU1
+
+
+@needs_no_gpu
+def test_validate_host_device():
+    assert host.validate_host_device("/cpu:1") == CPU1
+    with pytest.raises(InvalidArgumentError, match="/device:CPU:0, /device:CPU:1"):
+        host.validate_host_device("/device:CPU:7")
+    with pytest.raises(InvalidArgumentError, match="is the accelerator.*'/device:CPU:1'"):
+        host.validate_host_device("/device:CPU:0")
+    with pytest.raises(InvalidArgumentError, match="type and an index"):
+        host.validate_host_device("/cpu")
+    with pytest.raises(InvalidTypeError):
+        host.validate_host_device(1)
+
+
+@needs_no_gpu
+def test_a_session_config_drops_the_second_cpu_unless_passed_through_session_config(graph):
+    user = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+    with tf.compat.v1.Session(config=user) as plain:
+        plain_devices = [d.name for d in plain.list_devices()]
+    config = host.session_config(user)
+    with tf.compat.v1.Session(config=config) as kept:
+        kept_devices = [d.name for d in kept.list_devices()]
+    assert not any(name.endswith("CPU:1") for name in plain_devices)  # TensorFlow's behaviour
+    assert any(name.endswith("CPU:1") for name in kept_devices)
+    assert config.inter_op_parallelism_threads == 1 and "CPU" not in user.device_count
+    with pytest.raises(InvalidTypeError):
+        host.session_config({"device_count": 2})
+
+
+@needs_no_gpu
+def test_measure_bandwidth():
+    bandwidth = host.measure_bandwidth(CPU1, 8 * MiB)
+    assert 1e8 < bandwidth < 1e12  # a memcpy: between 0.1 GB/s and 1 TB/s
+    with pytest.raises(InvalidArgumentError, match="nbytes"):
+        host.measure_bandwidth(CPU1, 2)
+    with pytest.raises(InvalidArgumentError, match="does not exist"):
+        host.measure_bandwidth("/device:CPU:9")
+
+
+_FRESH_PROCESS = textwrap.dedent(
+    """
+    import os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+    from ome import host
+    from ome.errors import DeviceError
+    if tf.config.get_visible_devices("GPU"):
+        print("gpu"); raise SystemExit
+    {body}
+    print("ok")
+    """
+)
+
+_FRESH_BODIES = {
+    "configures": """
+try:
+    host.default_host_device()
+    raise AssertionError("expected DeviceError")
+except DeviceError as err:
+    assert "emulate_host" in str(err) and "set_logical_device_configuration" in str(err)
+assert host.emulate_host() == "/device:CPU:1"
+assert host.emulate_host() == "/device:CPU:1"
+assert host.default_host_device() == "/device:CPU:1"
+assert len(tf.config.list_logical_devices("CPU")) == 2
+""",
+    "too_late": """
+tf.constant(1.0) + 1.0  # initialises the runtime with one CPU
+try:
+    host.emulate_host()
+    raise AssertionError("expected DeviceError")
+except DeviceError as err:
+    assert "before any eager op, session" in str(err)
+""",
+}
+
+
+def test_emulate_host_in_fresh_processes():
+    """Both runtime states need a process of their own; they run side by side."""
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", _FRESH_PROCESS.replace("{body}", body)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for name, body in _FRESH_BODIES.items()
+    }
+    for name, process in processes.items():
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, f"{name}:\n{err[-2000:]}"
+        assert out.split()[-1] in ("ok", "gpu"), name
