@@ -1,0 +1,122 @@
+"""Swapping checkpoints to the (emulated) host, and plans fitted to a memory budget."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ome
+from ome import errors, planner
+from ome.host import session_config
+from ome.measure import measure
+from tests import graphs
+
+MiB = 2 ** 20
+DEVICE, HOST = "/device:CPU:0", "/device:CPU:1"
+
+
+def run(case, grads):
+    config = session_config(tf.compat.v1.ConfigProto())
+    with tf.compat.v1.Session(config=config) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        m = measure(sess, grads, case.feed, warmup=1, steps=1)
+        values = sess.run(grads, case.feed)
+        expected = sess.run(tf.gradients(case.ys, case.xs), case.feed)
+    for got, want in zip(values, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    return m
+
+
+@pytest.mark.parametrize("swap", ["list", "auto"])
+@pytest.mark.parametrize("name", ["mlp", "inception_block", "batch_norm", "two_heads"])
+def test_gradients_equal_under_swap(graph, name, swap):
+    case = graphs.BUILDERS[name]()
+    if swap == "list":
+        chosen = ome.plan(case.ys, case.xs)
+        swap = [graph.get_tensor_by_name(n) for n in chosen.checkpoints[:-1]] or False
+    run(case, ome.gradients(case.ys, case.xs, swap=swap))
+
+
+def chain_with_checkpoints(graph, swap=False):
+    """40 tanh layers (1 MiB each), a checkpoint every 2nd layer: recompute-only keeps
+    about 20 MiB of checkpoints on the device, which swapping moves to the host."""
+    case = graphs.tanh_chain(layers=40)
+    chain = [op.outputs[0] for op in graph.get_operations() if op.type == "Tanh"]
+    checkpoints = chain[1:-1:2]
+    return case, ome.gradients(case.ys, case.xs, checkpoints=checkpoints,
+                               swap=checkpoints[:-1] if swap else False)
+
+
+def test_swap_lowers_device_peak_and_fills_the_host():
+    with tf.Graph().as_default() as g:
+        case, grads = chain_with_checkpoints(g)
+        recompute = run(case, grads)
+    with tf.Graph().as_default() as g:
+        case, grads = chain_with_checkpoints(g, swap=True)
+        swapped = run(case, grads)
+    device_before = recompute.per_device[DEVICE].peak
+    device_after = swapped.per_device[DEVICE].peak
+    print(f"device peak: recompute-only {device_before / MiB:.1f} MiB, "
+          f"OME {device_after / MiB:.1f} MiB; host {swapped.per_device[HOST].peak / MiB:.1f} MiB")
+    assert device_after <= device_before - 10 * MiB
+    assert swapped.per_device[HOST].peak >= 10 * MiB
+
+
+def test_budgets_fit_and_cost_more_time_as_they_tighten():
+    measured, added = [], []
+    for budget_mib in (90, 50, 25):
+        with tf.Graph().as_default():
+            case = graphs.tanh_chain()
+            grads, (chosen, _) = ome.gradients(case.ys, case.xs, memory_budget=f"{budget_mib}MiB",
+                                               swap="auto", return_info=True)
+            m = run(case, grads)
+        print(f"budget {budget_mib} MiB: {chosen.policy}, device peak "
+              f"{m.per_device[DEVICE].peak / MiB:.1f} MiB, predicted "
+              f"{chosen.estimates['device_peak'] / MiB:.1f} MiB")
+        assert m.per_device[DEVICE].peak <= budget_mib * MiB
+        measured.append(m.per_device[DEVICE].peak)
+        added.append(chosen.estimates["added_seconds"])
+    assert measured == sorted(measured, reverse=True)
+    assert added == sorted(added)
+
+
+def test_budget_below_reachable_names_the_minimum(graph):
+    case = graphs.tanh_chain()
+    before = len(graph.get_operations())
+    with pytest.raises(errors.BudgetError, match=r"smallest reachable is \d+"):
+        ome.gradients(case.ys, case.xs, memory_budget="5MiB")
+    assert len(graph.get_operations()) == before
+
+
+@pytest.mark.parametrize("text", ["lots", "12 parsecs", "-3GiB", "", True])
+def test_unparseable_budget(text):
+    with pytest.raises(errors.BudgetError):
+        planner.parse_bytes(text)
+
+
+def test_parse_bytes():
+    assert planner.parse_bytes("2GiB") == 2 * 2 ** 30
+    assert planner.parse_bytes("1.5 GB") == 1_500_000_000
+    assert planner.parse_bytes(4096) == 4096
+
+
+def test_swap_of_a_tensor_used_only_in_the_forward_pass(graph):
+    # `side` feeds only the forward computation (its gradient path ends at a checkpoint
+    # read by nothing in backprop): swapping it must not break anything.
+    case = graphs.mlp()
+    chosen = ome.plan(case.ys, case.xs, checkpoints=case.interior)
+    swap = [graph.get_tensor_by_name(n) for n in chosen.checkpoints]
+    run(case, ome.gradients(case.ys, case.xs, checkpoints=case.interior, swap=swap))
+
+
+def test_no_host_device_is_a_clear_error():
+    code = ("import tensorflow as tf, ome\n"
+            "tf.compat.v1.disable_eager_execution()\n"
+            "x = tf.compat.v1.placeholder(tf.float32, [64, 64]); h = x\n"
+            "for _ in range(8): h = tf.tanh(h)\n"
+            "try:\n    ome.gradients(tf.reduce_sum(h), [x], swap='auto')\n"
+            "except ome.errors.OmeError as e:\n    print('REFUSED', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert "REFUSED" in out and "host" in out
