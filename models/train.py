@@ -1,0 +1,227 @@
+"""A complete training step around a zoo model, with the gradient computation pluggable.
+
+``build_train_step`` is where ome and the baselines plug in: they replace ``tf.gradients`` by
+their own ``gradients(ys, xs)`` and get the same loss, optimizer and data around it, so runs
+differ only in how the gradients are computed.
+"""
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+import models
+from models import layers
+from ome.errors import InvalidArgumentError, InvalidTypeError
+
+__all__ = ["TrainStep", "build_train_step", "count_parameters", "synthetic_batch"]
+
+OPTIMIZERS = ("momentum", "adam")
+MOMENTUM = 0.9
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStep:
+    """The tensors and ops of one training step, and a batch to feed it.
+
+    Attributes
+    ----------
+    train_op : tf.Operation
+        Applies the gradients (after the batch-norm moving-average updates).
+    loss : tf.Tensor
+        Scalar mean softmax cross-entropy.
+    logits : tf.Tensor
+        ``[batch, num_classes]``.
+    images, labels : tf.Tensor
+        The float32 image and int32 label placeholders, fully static shapes.
+    feed_dict : dict
+        ``{images: ndarray, labels: ndarray}``: the seeded synthetic batch.
+    variables : tuple of tf.Variable
+        The model's trainable variables, in the order passed to ``gradients``.
+    grads : tuple of tf.Tensor
+        ``gradients(loss, list(variables))``, one per variable.
+    init_op : tf.Operation
+        Initialises every variable the step created (model, moving statistics, optimizer).
+    """
+
+    train_op: Any
+    loss: Any
+    logits: Any
+    images: Any
+    labels: Any
+    feed_dict: Dict[Any, np.ndarray]
+    variables: Tuple[Any, ...]
+    grads: Tuple[Any, ...]
+    init_op: Any
+
+
+def count_parameters(variables):
+    """Total number of elements of ``variables`` (static shapes; no session needed)."""
+    return sum(int(np.prod(v.shape.as_list(), dtype=np.int64)) for v in variables)
+
+
+def image_shape(batch_size, image_size, data_format="NHWC"):
+    """``[batch, size, size, 3]`` for NHWC, ``[batch, 3, size, size]`` for NCHW."""
+    layers.check_data_format(data_format)
+    if data_format == "NHWC":
+        return [batch_size, image_size, image_size, 3]
+    return [batch_size, 3, image_size, image_size]
+
+
+def synthetic_batch(batch_size, image_size, num_classes, seed=0, data_format="NHWC"):
+    """A reproducible batch: standard-normal float32 images, uniform int32 labels."""
+    rng = np.random.default_rng(seed)
+    images = rng.standard_normal(image_shape(batch_size, image_size, data_format),
+                                 dtype=np.float32)
+    labels = rng.integers(0, num_classes, size=[batch_size], dtype=np.int32)
+    return images, labels
+
+
+def build_train_step(name, batch_size, image_size, *, num_classes=1000,
+                     gradients: Optional[Callable] = None, optimizer="momentum",
+                     learning_rate=0.01, seed=0, data_format="NHWC",
+                     dropout=None, block_wrapper=None) -> TrainStep:
+    """Build one training step of model ``name`` in the current default graph.
+
+    Creates image and label placeholders of static shape (``[batch_size, image_size,
+    image_size, 3]`` for NHWC, ``[batch_size, 3, image_size, image_size]`` for NCHW, and
+    ``[batch_size]``), the model in training mode, the mean softmax cross-entropy, the
+    gradients ``gradients(loss, variables)`` and an optimizer step applying them, with every
+    new ``UPDATE_OPS`` entry (batch-norm moving averages) as a control dependency of the
+    train op. Sets the graph seed to ``seed`` (so variable initialisers and dropout are
+    reproducible) and draws the synthetic batch from ``seed`` too.
+
+    Parameters
+    ----------
+    name : str
+        One of ``models.NAMES``.
+    batch_size, image_size : int
+        Static batch size and square image side (at least ``models.MIN_IMAGE_SIZE[name]``).
+    num_classes : int
+        Number of classes (logit width; labels are drawn uniformly from it).
+    gradients : callable, optional
+        ``gradients(ys, xs) -> list of tensors`` called as ``gradients(loss, variables)``
+        with the trainable variables (resource variables) as ``xs``. Default
+        ``tf.gradients``. Must return one tensor per variable.
+    optimizer : {"momentum", "adam"}
+        Momentum SGD (momentum 0.9) or Adam (default hyper-parameters), both the
+        ``tf.compat.v1.train`` ones.
+    learning_rate : float
+        Positive step size.
+    seed : int
+        Graph seed and data seed.
+    data_format : {"NHWC", "NCHW"}
+        Layout of the model and of the image placeholder.
+    dropout : bool or None
+        Passed to :func:`models.build` (Inception-v4 only; default on).
+    block_wrapper : callable or None
+        Passed to :func:`models.build`: wraps each residual/Inception block (e.g.
+        ``tf.recompute_grad``; see ``baselines.tf_recompute_grad``).
+
+    Returns
+    -------
+    TrainStep
+    """
+    models.check_name(name)
+    layers.check_data_format(data_format)
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("image_size", image_size)
+    _check_positive_int("num_classes", num_classes)
+    if image_size < models.MIN_IMAGE_SIZE[name]:
+        minimum = models.MIN_IMAGE_SIZE[name]
+        raise InvalidArgumentError(
+            f"{name} needs image_size of at least {minimum} "
+            f"(MIN_IMAGE_SIZE[{name!r}] = {minimum}), got {image_size}"
+        )
+    if gradients is None:
+        gradients = tf.gradients
+    elif not callable(gradients):
+        raise InvalidTypeError(
+            f"gradients must be a callable (ys, xs) -> list of tensors, "
+            f"got {type(gradients).__name__}"
+        )
+    if optimizer not in OPTIMIZERS:
+        raise InvalidArgumentError(
+            f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}"
+        )
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
+            or not learning_rate > 0:
+        raise InvalidArgumentError(
+            f"learning_rate must be a positive number, got {learning_rate!r}"
+        )
+    if tf.executing_eagerly():
+        raise InvalidArgumentError(
+            "build_train_step needs graph mode: call it inside "
+            "`with tf.Graph().as_default():` or after tf.compat.v1.disable_eager_execution()"
+        )
+
+    graph = tf.compat.v1.get_default_graph()
+    tf.compat.v1.set_random_seed(seed)
+    n_global = len(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES))
+    n_trainable = len(graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES))
+    n_updates = len(graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+
+    images = tf.compat.v1.placeholder(
+        tf.float32, image_shape(batch_size, image_size, data_format), name="images"
+    )
+    labels = tf.compat.v1.placeholder(tf.int32, [batch_size], name="labels")
+    logits = models.build(name, images, num_classes=num_classes, training=True,
+                          data_format=data_format, dropout=dropout,
+                          block_wrapper=block_wrapper)
+    with tf.name_scope("loss"):
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits),
+            name="mean",
+        )
+
+    variables = tuple(
+        graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)[n_trainable:]
+    )
+    grads = gradients(loss, list(variables))
+    grads = _check_gradients(grads, variables)
+
+    if optimizer == "momentum":
+        opt = tf.compat.v1.train.MomentumOptimizer(learning_rate, MOMENTUM)
+    else:
+        opt = tf.compat.v1.train.AdamOptimizer(learning_rate)
+    update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)[n_updates:]
+    with tf.control_dependencies(update_ops):
+        train_op = opt.apply_gradients(zip(grads, variables), name="train_op")
+    new_variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)[n_global:]
+    init_op = tf.compat.v1.variables_initializer(new_variables, name="init")
+
+    image_data, label_data = synthetic_batch(batch_size, image_size, num_classes, seed,
+                                             data_format)
+    return TrainStep(
+        train_op=train_op, loss=loss, logits=logits, images=images, labels=labels,
+        feed_dict={images: image_data, labels: label_data}, variables=variables,
+        grads=tuple(grads), init_op=init_op,
+    )
+
+
+def _check_positive_int(arg, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InvalidArgumentError(f"{arg} must be a positive int, got {value!r}")
+
+
+def _check_gradients(grads, variables):
+    """The ``gradients`` callable's result as a list, checked against ``variables``."""
+    try:
+        grads = list(grads)
+    except TypeError:
+        raise InvalidTypeError(
+            f"gradients(loss, variables) must return a list of tensors, "
+            f"got {type(grads).__name__}"
+        ) from None
+    if len(grads) != len(variables):
+        raise InvalidArgumentError(
+            f"gradients(loss, variables) returned {len(grads)} tensors for "
+            f"{len(variables)} variables"
+        )
+    missing = [v.op.name for v, g in zip(variables, grads) if g is None]
+    if missing:
+        raise InvalidArgumentError(
+            f"gradients(loss, variables) returned None for {len(missing)} variable(s), "
+            f"first {missing[0]}: the loss must depend on every trainable variable"
+        )
+    return grads
