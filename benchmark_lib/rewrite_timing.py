@@ -48,9 +48,10 @@ def graphs_to_time(models_too=True):
 
         def model(name):
             def build():
-                images = tf.compat.v1.placeholder(tf.float32, [2, 64, 64, 3])
+                size = max(64, models.MIN_IMAGE_SIZE[name])
+                images = tf.compat.v1.placeholder(tf.float32, [2, size, size, 3])
                 logits = models.build(name, images, num_classes=10)
-                return [tf.reduce_mean(logits)], tf.compat.v1.trainable_variables()
+                return [tf.reduce_mean(logits)], [v.handle for v in tf.compat.v1.trainable_variables()]
             return build
         items += [(name, model(name)) for name in models.NAMES]
     return items
