@@ -4,6 +4,7 @@ This module only reads the TensorFlow graph. It produces a :class:`GraphView`, p
 data (names, sizes, costs, an order) that the policies in ``ome.select`` and ``ome.planner``
 work on without importing TensorFlow.
 """
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -36,6 +37,7 @@ class TensorInfo:
     itemsize: int
     is_float: bool
     consumers: Tuple[str, ...]  # consuming ops inside the region
+    saved: bool = True  # read by the gradient of its producer or of a region consumer
 
     @property
     def elements(self):
@@ -146,6 +148,46 @@ def _estimate_cost(op):
     return float(out)
 
 
+# What each op's gradient reads, so the planner knows which tensors backprop holds: "in"
+# all inputs, "out" all outputs, a tuple of indices ("in0", "out3"), or nothing (shapes
+# only). Ops not listed are assumed to read every input and output.
+_GRADIENT_READS = {
+    **{t: ("out",) for t in ("Relu", "Relu6", "Elu", "Selu", "Tanh", "Sigmoid", "Exp",
+                             "Sqrt", "Rsqrt", "Softmax", "LogSoftmax")},
+    **{t: ("in",) for t in ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul",
+                            "BatchMatMul", "BatchMatMulV2", "Mul", "RealDiv", "Div",
+                            "Square", "Sin", "Cos", "Log", "Softplus", "LeakyRelu",
+                            "Maximum", "Minimum", "Pow", "SquaredDifference")},
+    **{t: ("in0", "in1", "out3", "out4", "out5") for t in ("FusedBatchNorm",
+                                                           "FusedBatchNormV2",
+                                                           "FusedBatchNormV3")},
+    **{t: ("in", "out") for t in ("MaxPool", "MaxPoolV2", "MaxPool3D")},
+    "SoftmaxCrossEntropyWithLogits": ("out1",),
+    "SparseSoftmaxCrossEntropyWithLogits": ("out1",),
+    **{t: () for t in ("Add", "AddV2", "AddN", "Sub", "BiasAdd", "Concat", "ConcatV2",
+                       "Reshape", "Identity", "Pad", "Squeeze", "ExpandDims", "Neg", "Cast",
+                       "AvgPool", "Mean", "Sum", "ResizeNearestNeighbor", "ResizeBilinear",
+                       "Transpose", "StopGradient", "Shape", "Fill", "ZerosLike", "OnesLike",
+                       "StridedSlice", "Slice", "Tile", "Select", "SelectV2", "GreaterEqual",
+                       "Greater", "Less", "LessEqual", "Equal", "NotEqual")},
+}
+
+
+def _read_by_gradient(op):
+    """Tensors of ``op`` its gradient function reads (see ``_GRADIENT_READS``)."""
+    reads = _GRADIENT_READS.get(op.type, ("in", "out"))
+    found = []
+    for item in reads:
+        side = op.inputs if item.startswith("in") else op.outputs
+        index = item[2:] if item.startswith("in") else item[3:]
+        if index:
+            if int(index) < len(side):
+                found.append(side[int(index)])
+        else:
+            found.extend(side)
+    return found
+
+
 def _is_recomputable(op):
     if op.type in _NEVER_RECOMPUTE:
         return False
@@ -228,5 +270,7 @@ def capture(ys, xs, *, batch_size=None):
     # other), which keeps the live set small, and makes plans identical from run to run.
     created = {op.name: op._id for op in region}  # pylint: disable=protected-access
     order = list(nx.lexicographical_topological_sort(graph, key=created.__getitem__))
+    saved = {t.name for op in region for t in _read_by_gradient(op)}
+    tensors = {n: dataclasses.replace(t, saved=n in saved) for n, t in tensors.items()}
     inputs = {t.name: _tensor_info(t, None, region, batch_size) for t in xs}
     return GraphView(graph, ops, tensors, order, x_names, y_names, inputs)

@@ -143,9 +143,11 @@ def auto(view, *, limit=None):
     if not counted:
         return plan_from_checkpoints(view, [], "auto")
     frontier = _crossing(view, counted, weight=view.tensor_bytes)
+    # A rebuilt segment holds what its gradient reads; the rest is freed as it goes.
     produced = np.zeros(len(view.order))
     for name in counted:
-        produced[view.produced_at(name)] += view.tensor_bytes(name)
+        if view.tensors[name].saved:
+            produced[view.produced_at(name)] += view.tensor_bytes(name)
     cumulative = np.cumsum(produced)
     found = None if limit is None else _greedy_cuts(limit, cumulative, frontier)
     if found is not None:
