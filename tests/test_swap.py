@@ -120,3 +120,26 @@ def test_no_host_device_is_a_clear_error():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True).stdout
     assert "REFUSED" in out and "host" in out
+
+
+def model_grads_peak(name, batch, size, **options):
+    """Device and host peaks (emulation) of the gradients of a zoo model under ome."""
+    import models
+    with tf.Graph().as_default():
+        step = models.build_train_step(
+            name, batch, size, num_classes=10, dropout=False if name == "inception_v4" else None,
+            gradients=lambda ys, xs: ome.gradients(ys, xs, **options))
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(step.init_op)
+            m = measure(sess, list(step.grads), step.feed_dict, warmup=1, steps=1)
+    return m.per_device[DEVICE].peak, m.per_device.get(HOST)
+
+
+@pytest.mark.parametrize("name,batch,size", [("resnet18", 16, 96), ("inception_v4", 8, 96)])
+def test_ome_below_recompute_only_on_models(name, batch, size):
+    recompute, _ = model_grads_peak(name, batch, size, checkpoints="speed")
+    ome_peak, host = model_grads_peak(name, batch, size, checkpoints="speed", swap="auto")
+    print(f"{name}: device peak recompute-only {recompute / MiB:.1f} MiB, OME "
+          f"{ome_peak / MiB:.1f} MiB, host {host.peak / MiB:.1f} MiB")
+    assert ome_peak < recompute
+    assert host.peak > 0
