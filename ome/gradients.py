@@ -168,13 +168,15 @@ def _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget
             host_device = host.validate_host_device(host_device)
         elif swap is not False:
             host_device = host.default_host_device()
-        static = sum(x.shape.num_elements() * x.dtype.size for x in xs
-                     if x.dtype != tf.resource and x.shape.is_fully_defined())
-        static += sum(v.shape.num_elements() * v.dtype.size
-                      for v in tf.compat.v1.global_variables() if v.shape.is_fully_defined())
-        # Weights and their gradients live through the step next to the activations.
+        # Weights, their gradients and one optimizer slot each (momentum) stay allocated
+        # through the step next to the activations; other variables once.
+        static = 0
+        for v in tf.compat.v1.global_variables():
+            if v.shape.is_fully_defined():
+                size = v.shape.num_elements() * v.dtype.base_dtype.size
+                static += 3 * size if v.trainable else size
         return planner.fit_budget(view, memory_budget, host_device=host_device,
-                                  static_bytes=2 * static), view
+                                  static_bytes=static), view
     result = _checkpoint_plan(view, checkpoints)
     return _with_swaps(result, view, swap, host_device), view
 

@@ -5,7 +5,8 @@ last to the first; while segment j is rebuilt the device holds every kept tensor
 its end, the tensors it recomputes, the swapped checkpoints brought back for it or fetched
 ahead for the next one, and a gradient working set (twice its largest tensor). Only
 activations are predicted: weights, gradients of weights and optimizer state are the
-caller's ``static_bytes``. It is a prediction for planning; ``ome.measure`` is the judge.
+caller's ``static_bytes``. Tensors no gradient reads (``TensorInfo.saved``) are freed as
+soon as their consumers ran and count only when they are checkpoints. It is a prediction for planning; ``ome.measure`` is the judge.
 """
 import bisect
 from dataclasses import dataclass
@@ -33,10 +34,13 @@ def simulate(view, plan):
     recomputed = [0] * segments
     largest = [0] * segments
     swapped = [0] * segments
+    held = set(plan.checkpoints)
     for t in plan.tensors:
         info = view.tensors.get(t.tensor)
         if info is None or view.ops[info.op].type in _ALIASES or not t.bytes:
             continue
+        if not info.saved and t.tensor not in held:
+            continue  # no gradient reads it: freed as soon as its consumers ran
         j = bisect.bisect_left(cuts, view.produced_at(t.tensor))
         largest[j] = max(largest[j], t.bytes)
         if t.decision == Decision.KEEP:

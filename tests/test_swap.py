@@ -143,3 +143,23 @@ def test_ome_below_recompute_only_on_models(name, batch, size):
           f"{ome_peak / MiB:.1f} MiB, host {host.peak / MiB:.1f} MiB")
     assert ome_peak < recompute
     assert host.peak > 0
+
+
+def test_resnet50_budgets_are_met():
+    """Three budgets between the reachable minimum (~410 MiB) and vanilla's peak (~660 MiB)
+    for ResNet-50, batch 16, 112x112: the measured peak stays within each."""
+    import models
+    peaks = []
+    for budget_mib in (600, 500, 440):
+        with tf.Graph().as_default():
+            step = models.build_train_step(
+                "resnet50", 16, 112, num_classes=10,
+                gradients=lambda ys, xs, b=budget_mib: ome.gradients(
+                    ys, xs, memory_budget=f"{b}MiB"))
+            with tf.compat.v1.Session() as sess:
+                sess.run(step.init_op)
+                m = measure(sess, step.train_op, step.feed_dict, warmup=1, steps=2, trace=False)
+        print(f"budget {budget_mib} MiB: measured peak {m.max_mem / MiB:.1f} MiB")
+        assert m.max_mem <= budget_mib * MiB
+        peaks.append(m.max_mem)
+    assert peaks == sorted(peaks, reverse=True)
