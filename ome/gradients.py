@@ -31,6 +31,11 @@ def _graph_tensor(value, what):
     """``value`` as a graph-mode tensor (variables become their handles, as in tf.gradients)."""
     if isinstance(value, tf.Variable):
         handle = getattr(value, "handle", None)
+        graph = tf.compat.v1.get_default_graph()
+        if handle is not None and not hasattr(handle, "graph") and hasattr(graph, "capture"):
+            # Inside tf.function: the variable's eager handle enters the function graph as a
+            # capture, which is the tensor the function's ops read (as tf.gradients does).
+            handle = graph.capture(handle)
         if handle is None or not hasattr(handle, "graph"):
             raise errors.InvalidTypeError(
                 f"{what} {value!r} is an eager variable; ome rewrites graphs: build the model "
@@ -152,6 +157,7 @@ def plan_swapping(plan, names, host_device, *, reason):
                                swapped=tuple(n for n in plan.checkpoints if n in chosen))
 
 
+@tf.autograph.experimental.do_not_convert  # plain Python graph code, also in tf.function
 def plan(ys, xs, *, checkpoints="auto", batch_size=None, swap=False, host_device=None,
          memory_budget=None):
     """The :class:`Plan` ``ome.gradients`` would follow, without touching the graph."""
@@ -181,6 +187,7 @@ def _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget
     return _with_swaps(result, view, swap, host_device), view
 
 
+@tf.autograph.experimental.do_not_convert
 def gradients(ys, xs, grad_ys=None, *, checkpoints="auto", batch_size=None, swap=False,
               host_device=None, memory_budget=None, unconnected_gradients="none",
               name="ome_gradients", return_info=False):

@@ -1,0 +1,16 @@
+"""ome.gradients in TensorFlow 2 code: inside tf.function, with eager execution on."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_inside_tf_function_equal_and_smaller():
+    script = Path(__file__).parent / "scripts" / "tf2_function.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=600, check=True).stdout
+    assert "GRADIENTS EQUAL" in out
+    peaks = dict(re.findall(r"PEAK (\S+) ([0-9.]+)", out))
+    print(peaks)
+    assert float(peaks["tf.gradients"]) >= 95  # 100 tanh outputs of 1 MiB
+    assert float(peaks["ome"]) <= 25
