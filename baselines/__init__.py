@@ -2,38 +2,102 @@
 
 ``STRATEGIES`` maps a name to a function ``(loss, variables, **options) -> Built``: it builds
 the gradients of ``loss`` with respect to ``variables`` in the current graph, and says which
-Session config the strategy needs. ``benchmark.py`` and the tests use only this interface.
-"""
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+Session config the strategy needs. ``build(name, loss, variables, **options)`` checks the
+name and the options first. ``benchmark.py``, ``python -m baselines`` and the tests use only
+this interface. docs/BASELINES.md describes each strategy and how it differs from the system
+it reproduces.
 
-import tensorflow as tf
+=====================  ====================================================================
+vanilla                ``tf.gradients``
+openai                 OpenAI gradient checkpointing, ``checkpoints`` = memory|speed|collection
+openai-memory/-speed/  ``openai`` with that mode fixed
+-collection
+lms                    IBM Large Model Support: swap forward tensors to the host and back
+grappler-recompute     ``tf.gradients`` + Grappler RECOMPUTATION_HEURISTICS
+grappler-swap          ``tf.gradients`` + Grappler SWAPPING_HEURISTICS
+grappler-heuristics    ``tf.gradients`` + Grappler HEURISTICS
+tf-recompute-grad      ``tf.recompute_grad`` around each model block (needs ``model_options``)
+ome                    ``ome.gradients`` (checkpoints="auto")
+ome-swap               ``ome.gradients(swap="auto")``
+=====================  ====================================================================
+"""
+import inspect
+from typing import Callable, Dict
 
 from ome import errors
 
+from baselines.checkpointing import (ome_default, ome_swap, openai, openai_collection,
+                                     openai_memory, openai_speed)
+from baselines.core import Built, Timer, graph_of, tf_gradients
+from baselines.grappler import grappler_heuristics, grappler_recompute, grappler_swap
+from baselines.lms import lms
+from baselines.recompute import recompute_block, tf_recompute_grad
 
-@dataclass(frozen=True)
-class Built:
-    """What a strategy made: gradients, the Session config to run them with, and facts to log."""
-
-    grads: List[Any]
-    config: Optional[Any] = None  # tf.compat.v1.ConfigProto, or None for the default
-    info: Dict[str, Any] = field(default_factory=dict)
+__all__ = ["Built", "STRATEGIES", "ALIASES", "build", "model_options", "options_of",
+           "recompute_block"]
 
 
 def vanilla(loss, variables):
     """Plain ``tf.gradients`` with the default Session config."""
-    return Built(grads=tf.gradients(loss, variables))
+    timer = Timer(graph_of(loss))
+    grads = tf_gradients(loss, variables)
+    return Built(grads=grads, info=timer.facts(strategy="vanilla", checkpoints=(), swapped=()))
 
 
 STRATEGIES: Dict[str, Callable[..., Built]] = {
     "vanilla": vanilla,
+    "openai": openai,
+    "openai-memory": openai_memory,
+    "openai-speed": openai_speed,
+    "openai-collection": openai_collection,
+    "lms": lms,
+    "grappler-recompute": grappler_recompute,
+    "grappler-swap": grappler_swap,
+    "grappler-heuristics": grappler_heuristics,
+    "tf-recompute-grad": tf_recompute_grad,
+    "ome": ome_default,
+    "ome-swap": ome_swap,
 }
+
+#: Names that are another strategy with an option fixed (a benchmark runs the original).
+ALIASES = {"openai-memory": "openai", "openai-collection": "openai"}
+
+
+def options_of(name):
+    """The keyword options strategy ``name`` accepts, in signature order."""
+    _check_name(name)
+    return [p.name for p in inspect.signature(STRATEGIES[name]).parameters.values()
+            if p.kind == inspect.Parameter.KEYWORD_ONLY]
+
+
+def model_options(name):
+    """Keyword arguments strategy ``name`` needs passed to ``models.build`` /
+    ``models.build_train_step`` (``{}`` for every strategy that works on a finished graph;
+    ``{"block_wrapper": ...}`` for ``tf-recompute-grad``)."""
+    _check_name(name)
+    return dict(getattr(STRATEGIES[name], "model_options", {}))
 
 
 def build(name, loss, variables, **options):
-    """Run strategy ``name`` on ``loss``; unknown names and options raise a clear error."""
+    """Run strategy ``name`` on ``loss``; unknown names and options raise a clear error.
+
+    Raises
+    ------
+    ome.errors.InvalidArgumentError
+        ``name`` is not a strategy (the message lists them), or ``options`` holds an option
+        the strategy does not take (the message names it and lists the accepted ones).
+    """
+    accepted = options_of(name)
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        takes = (f"it takes {', '.join(accepted)}" if accepted else "it takes no options")
+        raise errors.InvalidArgumentError(
+            f"strategy {name!r} does not take option{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(k) for k in unknown)}; {takes}")
+    return STRATEGIES[name](loss, variables, **options)
+
+
+def _check_name(name):
     if name not in STRATEGIES:
         raise errors.InvalidArgumentError(
             f"unknown strategy {name!r}; known strategies: {', '.join(sorted(STRATEGIES))}")
-    return STRATEGIES[name](loss, variables, **options)

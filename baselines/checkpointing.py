@@ -1,0 +1,82 @@
+"""OpenAI's gradient checkpointing, and ome itself, both through ``ome.gradients``.
+
+ome's ``memory`` policy is OpenAI's bottleneck test with its sqrt(N) thinning, ``speed``
+keeps conv/matmul outputs, ``collection`` reads the graph collection "checkpoints", and
+ome's rewrite is OpenAI's segment scheme, so the OpenAI baseline is ``ome.gradients`` with
+one of those modes and no swapping. docs/BASELINES.md lists where it still differs from
+OpenAI's TF1 library.
+"""
+import ome
+from ome import errors
+
+from baselines.core import Built, Timer, graph_of
+
+OPENAI_MODES = ("memory", "speed", "collection")
+
+
+def _facts(strategy, plan, info, timer):
+    return timer.facts(strategy=strategy, policy=plan.policy, checkpoints=tuple(plan.checkpoints),
+                       swapped=tuple(plan.swapped), segments=info.segments,
+                       copied_ops=info.copied_ops, host_device=plan.host_device,
+                       estimates=dict(plan.estimates))
+
+
+def openai(loss, variables, *, checkpoints="memory", batch_size=None):
+    """OpenAI's ``gradients(ys, xs, checkpoints=...)``: 'memory' (default), 'speed' or
+    'collection'. Raises :class:`ome.errors.NoBottleneckError` where 'memory' finds no
+    tensor that separates the graph, as OpenAI's library did."""
+    if checkpoints not in OPENAI_MODES:
+        raise errors.InvalidArgumentError(
+            f"openai: checkpoints must be one of {OPENAI_MODES} (OpenAI's modes), got "
+            f"{checkpoints!r}; a list of tensors is ome's own extension: use strategy 'ome'")
+    timer = Timer(graph_of(loss))
+    grads, (plan, info) = ome.gradients(loss, variables, checkpoints=checkpoints,
+                                        batch_size=batch_size, return_info=True,
+                                        name="openai_gradients")
+    return Built(grads=grads, info=_facts(f"openai-{checkpoints}", plan, info, timer))
+
+
+def openai_memory(loss, variables, *, batch_size=None):
+    """``openai`` with ``checkpoints='memory'`` (the same as plain ``openai``)."""
+    return openai(loss, variables, checkpoints="memory", batch_size=batch_size)
+
+
+def openai_speed(loss, variables, *, batch_size=None):
+    """``openai`` with ``checkpoints='speed'``: keep every conv/matmul output."""
+    return openai(loss, variables, checkpoints="speed", batch_size=batch_size)
+
+
+def openai_collection(loss, variables, *, batch_size=None):
+    """``openai`` with ``checkpoints='collection'``: the graph collection "checkpoints"."""
+    return openai(loss, variables, checkpoints="collection", batch_size=batch_size)
+
+
+def _ome(strategy, loss, variables, checkpoints, swap, memory_budget, host_device, batch_size):
+    if (swap == "auto" or memory_budget is not None) and not _has_planner():
+        raise errors.InvalidArgumentError(
+            f"{strategy}: swap='auto' and memory_budget need ome.planner, which this "
+            "installation of ome does not have")
+    timer = Timer(graph_of(loss))
+    grads, (plan, info) = ome.gradients(loss, variables, checkpoints=checkpoints, swap=swap,
+                                        memory_budget=memory_budget, host_device=host_device,
+                                        batch_size=batch_size, return_info=True)
+    return Built(grads=grads, info=_facts(strategy, plan, info, timer))
+
+
+def _has_planner():
+    import importlib.util
+    return importlib.util.find_spec("ome.planner") is not None
+
+
+def ome_default(loss, variables, *, checkpoints="auto", swap=False, memory_budget=None,
+                host_device=None, batch_size=None):
+    """``ome.gradients`` with its defaults (``checkpoints='auto'``, no swapping)."""
+    return _ome("ome", loss, variables, checkpoints, swap, memory_budget, host_device,
+                batch_size)
+
+
+def ome_swap(loss, variables, *, checkpoints="auto", swap="auto", memory_budget=None,
+             host_device=None, batch_size=None):
+    """``ome.gradients(swap='auto')``: checkpoints moved to the host where it pays."""
+    return _ome("ome-swap", loss, variables, checkpoints, swap, memory_budget, host_device,
+                batch_size)

@@ -1,0 +1,313 @@
+"""The baselines behind one interface: equal gradients, the published behaviours, bad input.
+
+Memory figures come from TensorFlow's allocator (ome.measure). Sizes: every activation of
+the chains is 256x1024 float32 = 1 MiB.
+"""
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import baselines
+import models
+from baselines import __main__ as bench
+from ome import errors
+from ome.host import session_config
+from ome.measure import measure
+from tests import graphs
+
+MiB = 2 ** 20
+DEVICE, HOST = "/device:CPU:0", "/device:CPU:1"
+
+# Strategies that work on any finished graph, with the options each test run uses.
+GRAPH_STRATEGIES = {
+    "vanilla": {},
+    "openai": {},
+    "openai-speed": {},
+    "openai-collection": {},
+    "lms": {},
+    "lms-fused": {"fuse_swapins": True, "lb": 3},
+    "lms-v2": {"swapin_ahead": 2, "swapin_groupby": 4, "swapout_threshold": 3},
+    "grappler-recompute": {},
+    "grappler-swap": {},
+    "grappler-heuristics": {},
+    "ome": {},
+    "ome-swap": {},
+}
+CASES = {
+    "tanh_chain": lambda: graphs.tanh_chain(layers=30),
+    "mlp": graphs.mlp,
+    "residual_chain": lambda: graphs.residual_chain(blocks=12),
+    "inception_block": graphs.inception_block,
+    "batch_norm": graphs.batch_norm,
+    "unet": graphs.unet,
+}
+
+
+def _strategy(label):
+    return label.split("-")[0] if label.startswith("lms") else label
+
+
+def _merged(config, **kwargs):
+    merged = tf.compat.v1.ConfigProto(**kwargs)
+    if config is not None:
+        merged.MergeFrom(config)
+    return merged
+
+
+def assert_same(got, want, *, scaled=False):
+    """rtol 1e-5, atol 1e-6; with ``scaled``, atol 1e-5 of the gradient's largest entry."""
+    assert len(got) == len(want) and got
+    for g, w in zip(got, want):
+        atol = 1e-5 * float(np.abs(w).max()) if scaled else 1e-6
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=atol)
+
+
+# ========================================================================================
+# The interface
+# ========================================================================================
+
+def test_registry():
+    assert set(baselines.STRATEGIES) == {
+        "vanilla", "openai", "openai-memory", "openai-speed", "openai-collection", "lms",
+        "grappler-recompute", "grappler-swap", "grappler-heuristics", "tf-recompute-grad",
+        "ome", "ome-swap"}
+    assert baselines.options_of("vanilla") == []
+    assert "n_tensors" in baselines.options_of("lms")
+    assert baselines.model_options("lms") == {}
+    assert callable(baselines.model_options("tf-recompute-grad")["block_wrapper"])
+
+
+def test_unknown_strategy_lists_them(graph):
+    case = graphs.mlp()
+    with pytest.raises(errors.InvalidArgumentError, match="unknown strategy 'chen'") as err:
+        baselines.build("chen", case.ys[0], case.xs)
+    assert "lms" in str(err.value) and "openai" in str(err.value) and "vanilla" in str(err.value)
+
+
+@pytest.mark.parametrize("name, option, accepted", [
+    ("vanilla", "lb", "takes no options"),
+    ("openai", "swap", "checkpoints"),
+    ("lms", "checkpoints", "n_tensors"),
+    ("grappler-swap", "memory_budget", "takes no options"),
+])
+def test_option_a_strategy_does_not_take(graph, name, option, accepted):
+    case = graphs.mlp()
+    before = len(graph.get_operations())
+    with pytest.raises(errors.InvalidArgumentError, match=f"does not take option '{option}'") \
+            as err:
+        baselines.build(name, case.ys[0], case.xs, **{option: 1})
+    assert accepted in str(err.value)
+    assert len(graph.get_operations()) == before
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"starting_scope": "encoder"}, "starting_scope 'encoder' matches no operation"),
+    ({"starting_op_names": ["conv1/Conv2D"]}, "no operation named 'conv1/Conv2D'"),
+    ({"excl_scopes": ["MatMul_3", "decoder"]}, "scope 'decoder' matches no operation"),
+    ({"incl_scopes": "nowhere"}, "scope 'nowhere' matches no operation"),
+    ({"incl_types": ["Conv2d"]}, "'Conv2d' is not a TensorFlow op type"),
+    ({"n_tensors": -2}, "n_tensors must be >= -1"),
+    ({"lb": 4, "ub": 2}, "ub=2 is below lb=4"),
+    ({"lb": 2, "swapin_ahead": 3}, "one knob"),
+    ({"fuse_swapins": True, "swapin_groupby": 2}, "give only one"),
+    ({"sync_mode": 1}, "synchronous swap-out"),
+    ({"memory_budget": "lots"}, "cannot parse"),
+    ({"host_device": "/device:CPU:0"}, "is the accelerator"),
+])
+def test_lms_refuses_bad_options_before_editing(graph, options, message):
+    case = graphs.mlp()
+    before = len(graph.get_operations())
+    with pytest.raises((errors.InvalidArgumentError, errors.BudgetError), match=message):
+        baselines.build("lms", case.ys[0], case.xs, **options)
+    assert len(graph.get_operations()) == before
+
+
+def test_tf_recompute_grad_needs_the_model_options(graph):
+    case = graphs.mlp()
+    with pytest.raises(errors.InvalidArgumentError, match="block_wrapper"):
+        baselines.build("tf-recompute-grad", case.ys[0], case.xs)
+
+
+# ========================================================================================
+# Gradients equal tf.gradients
+# ========================================================================================
+
+@pytest.mark.parametrize("label", sorted(GRAPH_STRATEGIES))
+@pytest.mark.parametrize("case_name", sorted(CASES))
+def test_gradients_equal_on_test_graphs(graph, case_name, label):
+    name = _strategy(label)
+    case = CASES[case_name]()
+    if name == "openai-collection":
+        for t in case.interior:
+            tf.compat.v1.add_to_collection("checkpoints", t)
+    if name == "openai" and not case.has_bottlenecks:
+        pytest.skip("no bottleneck: the refusal is tested in test_openai_refuses_the_unet")
+    built = baselines.build(name, case.ys[0], case.xs, **GRAPH_STRATEGIES[label])
+    assert len(built.grads) == len(case.xs)
+    assert {"strategy", "checkpoints", "swapped", "rewrite_time", "added_ops"} <= set(built.info)
+    expected = tf.gradients(case.ys, case.xs)
+    with tf.compat.v1.Session(config=session_config(built.config)) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        got, want = sess.run([built.grads, expected], case.feed)
+    assert_same(got, want)
+
+
+@pytest.fixture(scope="module")
+def resnet_reference():
+    """ResNet-18 (32x32, batch 2, 10 classes) with tf.gradients: variable values and grads."""
+    with tf.Graph().as_default():
+        step = models.build_train_step("resnet18", 2, 32, num_classes=10)
+        with tf.compat.v1.Session() as sess:
+            sess.run(step.init_op)
+            values = {v.op.name: sess.run(v) for v in step.variables}
+            grads = sess.run(list(step.grads), step.feed_dict)
+    return values, grads
+
+
+@pytest.mark.parametrize("name", [n for n in baselines.STRATEGIES
+                                  if n not in baselines.ALIASES and n != "vanilla"])
+def test_gradients_equal_on_resnet18(resnet_reference, name):
+    values, expected = resnet_reference
+    made = {}
+
+    def gradients(ys, xs):
+        made["built"] = baselines.build(name, ys, xs)
+        return made["built"].grads
+
+    with tf.Graph().as_default():
+        step = models.build_train_step("resnet18", 2, 32, num_classes=10, gradients=gradients,
+                                       **baselines.model_options(name))
+        with tf.compat.v1.Session(config=session_config(made["built"].config)) as sess:
+            sess.run(step.init_op)
+            sess.run([v.assign(values[v.op.name]) for v in step.variables])
+            got = sess.run(list(step.grads), step.feed_dict)
+    print(name, {k: v for k, v in made["built"].info.items()
+                 if k in ("rewrite_time", "added_ops")},
+          "checkpoints", len(made["built"].info["checkpoints"]),
+          "swapped", len(made["built"].info["swapped"]))
+    # openai-speed recomputes a block output in two segments and sums its gradient after
+    # backpropagating each part through batch norm (J'a + J'b instead of J'(a + b)): the
+    # same value up to rounding, which grows from 1 ulp in block4 to ~2.5e-6 of the largest
+    # entry at the first conv. The other strategies meet rtol 1e-5 / atol 1e-6.
+    assert_same(got, expected, scaled=name in ("openai-speed",))
+
+
+# ========================================================================================
+# Published behaviours
+# ========================================================================================
+
+def _measured(builder, name, config=None, **options):
+    with tf.Graph().as_default() as g:
+        case = builder()
+        built = baselines.build(name, case.ys[0], case.xs, **options)
+        config = session_config(_merged(built.config, **(config or {})))
+        with tf.compat.v1.Session(config=config) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            m = measure(sess, built.grads, case.feed, warmup=1, steps=2)
+        return built, m, g
+
+
+def test_lms_lowers_device_memory_and_logs_like_lms(caplog):
+    # Default inter-op threads: with one, the host's executor (CPU:1) runs only after the
+    # device's forward chain, so the swap-outs come too late to free anything.
+    _, vanilla, _ = _measured(graphs.tanh_chain, "vanilla")
+    with caplog.at_level(logging.INFO, logger="baselines.lms"):
+        built, lms, _ = _measured(graphs.tanh_chain, "lms")
+    before, after = vanilla.per_device[DEVICE].peak, lms.per_device[DEVICE].peak
+    print(f"tanh chain, device peak: vanilla {before / MiB:.1f} MiB, lms {after / MiB:.1f} MiB; "
+          f"host peak {lms.per_device[HOST].peak / MiB:.1f} MiB; "
+          f"{len(built.info['swapped'])} swapped")
+    assert before >= 95 * MiB
+    assert after <= 0.5 * before
+    assert lms.per_device[HOST].peak >= 50 * MiB
+    messages = [r.getMessage() for r in caplog.records if r.name == "baselines.lms"]
+    print("\n".join(messages))
+    assert messages[:3] == ["Editing model for LMS", "n_tensors: all tensors", "lb: 1"]
+    assert "Edited model is valid and logically equivalent to the original one" in messages
+    assert f"Added {built.info['lms_added_ops']} ops into the model" in messages
+    assert any(m.startswith("Editing model for LMS, took: ") and m.endswith(" ms")
+               for m in messages)
+    assert messages[-1] == "100 tensors will be swapped out(in) to(from) the host"
+
+
+def test_lms_n_tensors_and_scopes(graph):
+    case = graphs.residual_chain(blocks=10)
+    built = baselines.build("lms", case.ys[0], case.xs, n_tensors=4, excl_types=["Mul"])
+    assert len(built.info["swapped"]) == 4
+    swapped_ops = [graph.get_tensor_by_name(n).op for n in built.info["swapped"]]
+    assert all(op.type != "Mul" for op in swapped_ops)
+
+
+def test_lms_autotune_fits_the_budget_with_fewer_swaps(graph):
+    case = graphs.tanh_chain()
+    built = baselines.build("lms", case.ys[0], case.xs, memory_budget="60MiB")
+    assert built.info["simulated_peak"] <= 60 * MiB
+    assert 30 <= len(built.info["swapped"]) < 100
+
+
+def test_openai_on_the_tanh_chain_matches_the_published_figures():
+    # One inter-op thread: the executor's order, and so the peak, is the same every run.
+    threads = {"inter_op_parallelism_threads": 1}
+    _, vanilla, _ = _measured(graphs.tanh_chain, "vanilla", threads)
+    built, openai, g = _measured(graphs.tanh_chain, "openai", threads)
+    with g.as_default():
+        chain = [op.outputs[0].name for op in g.get_operations()
+                 if op.type == "Tanh" and not op.name.startswith("openai_gradients")]
+    positions = [chain.index(n) for n in built.info["checkpoints"]]
+    spacing = np.diff(positions)
+    print(f"tanh chain memory_cost: vanilla {vanilla.memory_cost / MiB:.1f} MiB, openai "
+          f"{openai.memory_cost / MiB:.1f} MiB; checkpoints at layers {positions}")
+    assert vanilla.memory_cost >= 95 * MiB
+    assert openai.memory_cost <= 25 * MiB
+    assert 8 <= len(positions) <= 11
+    assert spacing.min() >= 9 and spacing.max() <= 10
+
+
+def test_openai_refuses_the_unet_where_ome_saves_memory(graph):
+    case = graphs.unet()
+    before = len(graph.get_operations())
+    with pytest.raises(errors.NoBottleneckError, match="no bottleneck"):
+        baselines.build("openai", case.ys[0], case.xs)
+    assert len(graph.get_operations()) == before
+    threads = {"inter_op_parallelism_threads": 1}
+    _, vanilla, _ = _measured(graphs.big_unet, "vanilla", threads)
+    built, ome_m, _ = _measured(graphs.big_unet, "ome", threads)
+    print(f"big U-Net memory_cost: vanilla {vanilla.memory_cost / MiB:.1f} MiB, ome "
+          f"{ome_m.memory_cost / MiB:.1f} MiB ({len(built.info['checkpoints'])} checkpoints)")
+    assert ome_m.memory_cost <= 0.7 * vanilla.memory_cost
+
+
+# ========================================================================================
+# The benchmark command
+# ========================================================================================
+
+def test_benchmark_rows_and_table():
+    spec = {"model": "resnet18", "image_size": 32, "batch_size": 2, "num_classes": 10,
+            "steps": 1, "warmup": 1}
+    rows = [bench.measure_strategy(dict(spec, strategy=s)) for s in ("vanilla", "lms")]
+    rows.append({"strategy": "openai", "status": "error", "reason": "NoBottleneckError: x"})
+    assert [r["status"] for r in rows] == ["ok", "ok", "error"]
+    assert rows[1]["swapped"] > 0 and rows[1]["host_peak"] > 0
+    table = bench.format_table(rows, "title")
+    print(table)
+    lines = table.splitlines()
+    assert lines[0] == "title" and lines[1].startswith("strategy")
+    assert lines[3].split()[:3] == ["vanilla", f"{rows[0]['max_mem'] / MiB:.1f}", "1.00"]
+    assert "openai: NoBottleneckError: x" in table
+
+
+def test_lms_autotune_needs_sizes_before_editing(graph):
+    x = tf.compat.v1.placeholder(tf.float32, [None, 1024])
+    h = x
+    for _ in range(5):
+        h = tf.tanh(h)
+    loss = tf.reduce_sum(h)
+    before = len(graph.get_operations())
+    with pytest.raises(errors.InvalidArgumentError, match="pass batch_size="):
+        baselines.build("lms", loss, [x], memory_budget="1MiB")
+    assert len(graph.get_operations()) == before
+    # Batch 8: 32 KiB per tanh; a budget of four of them needs some swapping.
+    built = baselines.build("lms", loss, [x], memory_budget=4 * 32 * 1024, batch_size=8)
+    assert built.info["swapped"] and built.info["simulated_peak"] <= 4 * 32 * 1024
