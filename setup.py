@@ -6,7 +6,8 @@ setup(
     description="Fit TensorFlow training in less accelerator memory: checkpoint, recompute and swap to host.",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["ome", "ome.*", "baselines", "baselines.*", "models", "models.*"]),
+    packages=find_packages(include=["ome", "ome.*", "baselines", "baselines.*", "models", "models.*",
+                                    "benchmark_lib", "benchmark_lib.*"]),
     py_modules=["benchmark"],
     python_requires=">=3.9",
     # TensorFlow comes from an extra so CPU users get the small wheel and GPU users the CUDA one.
