@@ -38,6 +38,8 @@ import numpy as np
 import tensorflow as tf
 
 from ome import capture, errors, host, rewrite
+from ome.capture import shape_and_bytes
+from ome.planner import parse_bytes
 
 from baselines.core import Built, Timer, as_list, check_int, check_names, graph_of, tf_gradients
 
@@ -250,22 +252,11 @@ def _check_options(n_tensors, lb, ub, fuse_swapins, swapout_threshold, swapin_ah
         if swapout_threshold is not None:
             raise errors.InvalidArgumentError(
                 "memory_budget tunes swapout_threshold; give one or the other")
-        budget = _parse_budget(memory_budget)
+        budget = parse_bytes(memory_budget)
     groupby = (1 << 62) if fuse_swapins else swapin_groupby
     return _Options(n_tensors=n_tensors, ahead=ahead, ub=ub, groupby=groupby,
                     swapout_threshold=swapout_threshold, sync_mode=sync_mode,
                     memory_budget=budget)
-
-
-def _parse_budget(value):
-    try:
-        from ome.planner import parse_bytes
-    except ImportError:  # pragma: no cover - older ome without the planner
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-        raise errors.InvalidArgumentError(
-            f"memory_budget must be a positive number of bytes, got {value!r}") from None
-    return parse_bytes(value)
 
 
 def _in_scope(name, scope):
@@ -380,19 +371,7 @@ def _levels(dag):
 
 
 def _tensor_bytes(tensor, batch_size):
-    shape = tensor.shape
-    if shape.rank is None:
-        return None
-    dims = shape.as_list()
-    if dims and dims[0] is None and batch_size is not None:
-        dims[0] = batch_size
-    if any(d is None for d in dims):
-        return None
-    try:
-        itemsize = tensor.dtype.size
-    except (AttributeError, TypeError):
-        return 0
-    return int(np.prod(dims, dtype=np.int64)) * itemsize
+    return shape_and_bytes(tensor, batch_size)[1]
 
 
 def _find_trigger(dag, levels, backward, consumer, lowest, ahead):
@@ -508,7 +487,11 @@ def _check_sizes(forward, filters, batch_size):
         if not filters.allows(op):
             continue
         for t in op.outputs:
-            if t.dtype.is_floating and _tensor_bytes(t, batch_size) is None:
+            # Only an unknown batch dimension can be resolved; opaque buffers of unknown
+            # shape (FusedBatchNorm's reserve space) count as 0 bytes in the simulation.
+            dims = t.shape.as_list() if t.shape.rank is not None else None
+            batch_only = dims and dims[0] is None and all(d is not None for d in dims[1:])
+            if t.dtype.is_floating and batch_only and _tensor_bytes(t, batch_size) is None:
                 raise errors.InvalidArgumentError(
                     f"memory_budget needs tensor sizes, but the size of {t.name} (shape "
                     f"{t.shape}) is unknown: pass batch_size= to resolve an unknown batch "

@@ -114,7 +114,8 @@ def _dtype_size(dtype):
         return 0
 
 
-def _shape_and_bytes(tensor, batch_size):
+def shape_and_bytes(tensor, batch_size):
+    """Static shape and bytes of ``tensor`` (None when unknown), batch dim from ``batch_size``."""
     shape = tensor.shape
     dims = tuple(shape.as_list()) if shape.rank is not None else None
     if dims is None:
@@ -225,7 +226,7 @@ def region_ops(ys, xs):
 
 
 def _tensor_info(t, op_name, region, batch_size):
-    shape, size = _shape_and_bytes(t, batch_size)
+    shape, size = shape_and_bytes(t, batch_size)
     consumers = tuple(sorted(c.name for c in t.consumers() if c in region))
     return TensorInfo(name=t.name, op=op_name, shape=shape, dtype=t.dtype.name, bytes=size,
                       itemsize=_dtype_size(t.dtype), is_float=t.dtype.is_floating,

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from ome import capture as capture_mod
 from ome import errors, rewrite, select
-from ome.plans import Decision, Plan
+from ome.plans import Decision
 
 log = logging.getLogger(__name__)
 

@@ -51,28 +51,39 @@ def _alias(tensor, name):
         return tf.stop_gradient(tensor, name=name)
 
 
-def swap_pair(tensor, host_device, trigger_ops, *, real_copy, name):
-    """Copy ``tensor`` to ``host_device`` and back; the way back waits for ``trigger_ops``.
+def _protect(op):
+    """Keep Grappler from removing an identity-like swap op."""
+    op._set_attr("_grappler_do_not_remove",  # pylint: disable=protected-access
+                 tf.compat.v1.AttrValue(b=True))
 
-    ``real_copy``: the host copy is a ``DeepCopy`` (needed when host and device share an
-    allocator, as in the two-CPU emulation) instead of an identity that TensorFlow turns
-    into a device-to-host transfer. Both ops are protected from Grappler's removal of
-    identities. Returns the tensor on the device again.
-    """
-    graph = tensor.graph
-    with tf.name_scope(name):
-        with tf.device(host_device):
-            out = (tf.raw_ops.DeepCopy(x=tensor, name="swap_out") if real_copy
-                   else tf.identity(tensor, name="swap_out"))
-        with tf.device(tensor.op.device):
-            back = tf.identity(out, name="swap_in")
-    for op in (out.op, back.op):
-        op._set_attr("_grappler_do_not_remove",  # pylint: disable=protected-access
-                     tf.compat.v1.AttrValue(b=True))
+
+def swap_out(tensor, host_device, *, real_copy, name="swap_out"):
+    """A copy of ``tensor`` on ``host_device``: a ``DeepCopy`` when host and device share an
+    allocator (the two-CPU emulation), else an identity TensorFlow turns into a transfer."""
+    with tf.device(host_device):
+        out = (tf.raw_ops.DeepCopy(x=tensor, name=name) if real_copy
+               else tf.identity(tensor, name=name))
+    _protect(out.op)
+    return out
+
+
+def swap_in(host_tensor, device, trigger_ops, *, name="swap_in"):
+    """``host_tensor`` back on ``device``, not before ``trigger_ops`` ran. One host copy
+    may serve several swap-ins."""
+    with tf.device(device):
+        back = tf.identity(host_tensor, name=name)
+    _protect(back.op)
     if trigger_ops:
         back.op._add_control_inputs(list(trigger_ops))  # pylint: disable=protected-access
-    del graph
     return back
+
+
+def swap_pair(tensor, host_device, trigger_ops, *, real_copy, name):
+    """Copy ``tensor`` to ``host_device`` and back; the way back waits for ``trigger_ops``.
+    Returns the tensor on the device again."""
+    with tf.name_scope(name):
+        out = swap_out(tensor, host_device, real_copy=real_copy)
+        return swap_in(out, tensor.op.device, trigger_ops)
 
 
 def reroute(tensor, new_tensor, consumers):
@@ -146,7 +157,6 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False, name="ome_g
 
     sources: Dict[str, tf.Tensor] = {}  # boundary tensor name -> alias read by copies
     partials: Dict[str, list] = {}  # boundary tensor name -> gradient parts so far
-    first_consumer = {}
 
     with tf.name_scope(name):
         def source(tensor_name, prefetch):
