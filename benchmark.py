@@ -43,8 +43,10 @@ ECHO_LOGGERS = ("ome", "baselines")  # logger-name prefixes whose INFO lines are
 # cores: a run costs ~10 s (ResNet-18) to ~55 s (ResNet-200), mostly fixed costs (process,
 # import, graph building, Grappler), and all 10 strategies x all 7 models took 17 minutes with
 # 2 jobs. `--models all` runs every model.
-QUICK = {"models": ("resnet18", "resnet50", "resnet101", "inception_v4"), "image_size": 64,
-         "batch_sizes": (4,), "steps": 2, "timeout": 600.0, "jobs": 2}
+# Batch 16 at 112x112 makes activations, not weights, most of the memory (at batch 4, 64x64
+# weights are 85-95% of max_mem and the strategies cannot be told apart).
+QUICK = {"models": ("resnet18", "resnet50", "resnet101", "inception_v4"), "image_size": 112,
+         "batch_sizes": (16,), "steps": 2, "timeout": 600.0, "jobs": 2}
 THESIS = {"models": None, "image_size": 224, "batch_sizes": (32, 128), "steps": 5,
           "timeout": 3600.0, "jobs": 1}
 MAX_BATCH_CAP = 2048
@@ -498,10 +500,10 @@ def make_parser():
                    help="comma list of strategies (default: all but baselines.ALIASES, which "
                         "repeat another strategy)")
     p.add_argument("--batch-size", type=_positive_ints,
-                   help="comma list of batch sizes (default 4; thesis: 32,128); with --max-batch "
+                   help="comma list of batch sizes (default 16; thesis: 32,128); with --max-batch "
                         "the batch the search starts from (default 1)")
     p.add_argument("--image-size", type=_positive_int,
-                   help="square image side for every model (default: 64, or a model's minimum if "
+                   help="square image side for every model (default: 112, or a model's minimum if "
                         "larger; thesis: 224)")
     p.add_argument("--steps", type=_positive_int, help="timed steps per run (default 2; thesis 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps (default 1)")
@@ -547,12 +549,16 @@ def make_plan(args, parser):
         parser.error(f"unknown model(s) {', '.join(unknown)}; "
                      f"valid models: {', '.join(models.NAMES)}")
     # by default each strategy once: an alias is another strategy with an option fixed
-    default = [s for s in baselines.STRATEGIES if s not in getattr(baselines, "ALIASES", {})]
+    default = [s for s in baselines.STRATEGIES if s not in getattr(baselines, "ALIASES", {})
+               and (args.budget or "memory_budget" not in baselines.required_options(s))]
     strategies = list(dict.fromkeys(args.strategies or default))
     unknown = [s for s in strategies if s not in baselines.STRATEGIES]
     if unknown:
         parser.error(f"unknown strategy(ies) {', '.join(unknown)}; valid strategies: "
                      f"{', '.join(baselines.STRATEGIES)}")
+    needs_budget = [s for s in strategies if "memory_budget" in baselines.required_options(s)]
+    if needs_budget and args.budget is None:
+        parser.error(f"strategy(ies) {', '.join(needs_budget)} need --budget")
     if "vanilla" in strategies:  # the reference of every ratio runs first
         strategies.remove("vanilla")
         strategies.insert(0, "vanilla")

@@ -26,7 +26,7 @@ from typing import Callable, Dict
 
 from ome import errors
 
-from baselines.checkpointing import (ome_default, ome_swap, openai, openai_collection,
+from baselines.checkpointing import (ome_budget, ome_default, ome_swap, openai, openai_collection,
                                      openai_memory, openai_speed)
 from baselines.core import Built, Timer, graph_of, tf_gradients
 from baselines.grappler import grappler_heuristics, grappler_recompute, grappler_swap
@@ -34,6 +34,7 @@ from baselines.lms import lms
 from baselines.recompute import recompute_block, tf_recompute_grad
 
 __all__ = ["Built", "STRATEGIES", "ALIASES", "build", "model_options", "options_of",
+           "required_options",
            "recompute_block"]
 
 
@@ -57,6 +58,7 @@ STRATEGIES: Dict[str, Callable[..., Built]] = {
     "tf-recompute-grad": tf_recompute_grad,
     "ome": ome_default,
     "ome-swap": ome_swap,
+    "ome-budget": ome_budget,
 }
 
 #: Names that are another strategy with an option fixed (a benchmark runs the original).
@@ -68,6 +70,13 @@ def options_of(name):
     _check_name(name)
     return [p.name for p in inspect.signature(STRATEGIES[name]).parameters.values()
             if p.kind == inspect.Parameter.KEYWORD_ONLY]
+
+
+def required_options(name):
+    """The keyword options strategy ``name`` cannot run without (``ome-budget``: the budget)."""
+    _check_name(name)
+    return [p.name for p in inspect.signature(STRATEGIES[name]).parameters.values()
+            if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty]
 
 
 def model_options(name):

@@ -52,10 +52,6 @@ def openai_collection(loss, variables, *, batch_size=None):
 
 
 def _ome(strategy, loss, variables, checkpoints, swap, memory_budget, host_device, batch_size):
-    if (swap == "auto" or memory_budget is not None) and not _has_planner():
-        raise errors.InvalidArgumentError(
-            f"{strategy}: swap='auto' and memory_budget need ome.planner, which this "
-            "installation of ome does not have")
     timer = Timer(graph_of(loss))
     grads, (plan, info) = ome.gradients(loss, variables, checkpoints=checkpoints, swap=swap,
                                         memory_budget=memory_budget, host_device=host_device,
@@ -63,20 +59,20 @@ def _ome(strategy, loss, variables, checkpoints, swap, memory_budget, host_devic
     return Built(grads=grads, info=_facts(strategy, plan, info, timer))
 
 
-def _has_planner():
-    import importlib.util
-    return importlib.util.find_spec("ome.planner") is not None
-
-
-def ome_default(loss, variables, *, checkpoints="auto", swap=False, memory_budget=None,
-                host_device=None, batch_size=None):
+def ome_default(loss, variables, *, checkpoints="auto", swap=False, host_device=None,
+                batch_size=None):
     """``ome.gradients`` with its defaults (``checkpoints='auto'``, no swapping)."""
-    return _ome("ome", loss, variables, checkpoints, swap, memory_budget, host_device,
-                batch_size)
+    return _ome("ome", loss, variables, checkpoints, swap, None, host_device, batch_size)
 
 
-def ome_swap(loss, variables, *, checkpoints="auto", swap="auto", memory_budget=None,
-             host_device=None, batch_size=None):
+def ome_swap(loss, variables, *, checkpoints="auto", swap="auto", host_device=None,
+             batch_size=None):
     """``ome.gradients(swap='auto')``: checkpoints moved to the host where it pays."""
-    return _ome("ome-swap", loss, variables, checkpoints, swap, memory_budget, host_device,
+    return _ome("ome-swap", loss, variables, checkpoints, swap, None, host_device, batch_size)
+
+
+def ome_budget(loss, variables, *, memory_budget, host_device=None, batch_size=None):
+    """``ome.gradients(memory_budget=...)``: keep / recompute / swap chosen to fit a budget
+    (bytes or "2GiB"), swapping allowed."""
+    return _ome("ome-budget", loss, variables, "auto", "auto", memory_budget, host_device,
                 batch_size)

@@ -34,6 +34,7 @@ GRAPH_STRATEGIES = {
     "grappler-heuristics": {},
     "ome": {},
     "ome-swap": {},
+    "ome-budget": {"memory_budget": "1GiB"},
 }
 CASES = {
     "tanh_chain": lambda: graphs.tanh_chain(layers=30),
@@ -72,7 +73,8 @@ def test_registry():
     assert set(baselines.STRATEGIES) == {
         "vanilla", "openai", "openai-memory", "openai-speed", "openai-collection", "lms",
         "grappler-recompute", "grappler-swap", "grappler-heuristics", "tf-recompute-grad",
-        "ome", "ome-swap"}
+        "ome", "ome-swap", "ome-budget"}
+    assert baselines.required_options("ome-budget") == ["memory_budget"]
     assert baselines.options_of("vanilla") == []
     assert "n_tensors" in baselines.options_of("lms")
     assert baselines.model_options("lms") == {}
@@ -173,7 +175,7 @@ def test_gradients_equal_on_resnet18(resnet_reference, name):
     made = {}
 
     def gradients(ys, xs):
-        made["built"] = baselines.build(name, ys, xs)
+        made["built"] = baselines.build(name, ys, xs, **GRAPH_STRATEGIES.get(name, {}))
         return made["built"].grads
 
     with tf.Graph().as_default():

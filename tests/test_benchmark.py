@@ -295,9 +295,9 @@ def test_image_size_below_a_minimum_is_raised_for_models_not_named(tmp_path):
     assert plan["strategies"][0] == "vanilla" and existing == ([], {}, [])
     default = benchmark.make_plan(parser.parse_args(["--out", str(tmp_path)]), parser)[0]
     assert default["models"] == ["resnet18", "resnet50", "resnet101", "inception_v4"]
-    assert default["image_sizes"] == {"resnet18": 64, "resnet50": 64, "resnet101": 64,
-                                      "inception_v4": 75}
-    assert default["batch_sizes"] == [4] and default["jobs"] == 2
+    assert default["image_sizes"] == {"resnet18": 112, "resnet50": 112, "resnet101": 112,
+                                      "inception_v4": 112}
+    assert default["batch_sizes"] == [16] and default["jobs"] == 2
     everything = benchmark.make_plan(parser.parse_args(["--models", "all", "--out", str(tmp_path)]),
                                      parser)[0]
     assert len(everything["models"]) == 7
