@@ -198,30 +198,23 @@ def _is_recomputable(op):
         return False
 
 
+def _reachable(starts, neighbours):
+    """Every op reachable from ``starts`` (included) through ``neighbours(op)``."""
+    seen, stack = set(), list(starts)
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend(neighbours(op))
+    return seen
+
+
 def region_ops(ys, xs):
     """Ops that depend on some ``xs`` and that some ``ys`` depend on (data edges only)."""
-    downstream = set()
-    seen = set()
     # The ops of xs are not in the region (unless another x feeds them): only their tensors.
-    stack = [c for t in xs for c in t.consumers()]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        downstream.add(op)
-        for out in op.outputs:
-            stack.extend(out.consumers())
-    upstream = set()
-    stack = [t.op for t in ys]
-    seen = set()
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        upstream.add(op)
-        stack.extend(t.op for t in op.inputs)
+    downstream = _reachable((c for t in xs for c in t.consumers()),
+                            lambda op: (c for out in op.outputs for c in out.consumers()))
+    upstream = _reachable((t.op for t in ys), lambda op: (t.op for t in op.inputs))
     return downstream & upstream
 
 

@@ -147,3 +147,14 @@ def two_heads():
 
 BUILDERS = {f.__name__: f for f in (tanh_chain, mlp, residual_chain, inception_block,
                                      batch_norm, unet, two_heads)}
+
+# Test-sized variants of every builder, shared by the gradient-equality tests.
+SMALL_CASES = {
+    "tanh_chain": lambda: tanh_chain(layers=30),
+    "mlp": mlp,
+    "residual_chain": lambda: residual_chain(blocks=12),
+    "inception_block": inception_block,
+    "batch_norm": batch_norm,
+    "unet": unet,
+    "two_heads": two_heads,
+}

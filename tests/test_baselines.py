@@ -36,14 +36,7 @@ GRAPH_STRATEGIES = {
     "ome-swap": {},
     "ome-budget": {"memory_budget": "1GiB"},
 }
-CASES = {
-    "tanh_chain": lambda: graphs.tanh_chain(layers=30),
-    "mlp": graphs.mlp,
-    "residual_chain": lambda: graphs.residual_chain(blocks=12),
-    "inception_block": graphs.inception_block,
-    "batch_norm": graphs.batch_norm,
-    "unet": graphs.unet,
-}
+CASES = {k: v for k, v in graphs.SMALL_CASES.items() if k != "two_heads"}
 
 
 def _strategy(label):

@@ -8,15 +8,7 @@ from ome import errors
 from tests import graphs
 
 MODES = ["auto", "memory", "speed", "collection", "list"]
-CASES = {
-    "tanh_chain": lambda: graphs.tanh_chain(layers=30),
-    "mlp": graphs.mlp,
-    "residual_chain": lambda: graphs.residual_chain(blocks=12),
-    "inception_block": graphs.inception_block,
-    "batch_norm": graphs.batch_norm,
-    "unet": graphs.unet,
-    "two_heads": graphs.two_heads,
-}
+CASES = graphs.SMALL_CASES
 
 
 def run_both(case, grads, expected_fn=tf.gradients, grad_ys=None):
