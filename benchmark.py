@@ -6,6 +6,7 @@
     python benchmark.py --preset thesis       # 224x224, batch 32 and 128 (long; resumable)
     python benchmark.py --max-batch --model resnet50 --budget 2GiB
     python benchmark.py --rewrite-timing      # how long ome's graph rewriting takes
+    python benchmark.py --simulator-check     # ome.simulate's predictions vs the sweep
 
 Each (model, strategy, batch) runs in a fresh worker process (``--_worker``) so allocator
 statistics start clean; a worker that crashes or times out becomes an ``error`` row and the
@@ -528,6 +529,9 @@ def make_parser():
     p.add_argument("--rewrite-timing", action="store_true",
                    help="time ome's capture, plan and rewrite on synthetic chains and the model "
                         "zoo, next to plain tf.gradients (prints a table; nothing is written)")
+    p.add_argument("--simulator-check", action="store_true",
+                   help="compare ome.simulate's predicted activation peak with the memory_cost "
+                        "measured for 'ome' in the sweep results in --out")
     p.add_argument("--_worker", help=argparse.SUPPRESS)
     return p
 
@@ -644,6 +648,10 @@ def main(argv=None):
     if args.rewrite_timing:
         from benchmark_lib import rewrite_timing
         rewrite_timing.main()
+        return 0
+    if args.simulator_check:
+        from benchmark_lib import simulator_check
+        simulator_check.main(args.out or "results")
         return 0
     plan, (rows, details, summary) = make_plan(args, parser)
     if threading.current_thread() is threading.main_thread():  # `kill` saves like Ctrl-C
