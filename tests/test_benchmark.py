@@ -391,3 +391,18 @@ def test_end_to_end_run_writes_an_ok_row(tmp_path):
     assert "1 of 1 runs already in" in again.stderr
     with open(out / "results.csv", newline="") as f:
         assert list(csv.DictReader(f)) == rows
+
+
+def test_simulator_check_compares_with_a_sweep(tmp_path):
+    from benchmark_lib import simulator_check
+    with open(tmp_path / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["model", "strategy", "batch_size", "image_size",
+                                               "memory_cost", "status"])
+        writer.writeheader()
+        writer.writerow({"model": "resnet18", "strategy": "ome", "batch_size": 2,
+                         "image_size": 32, "memory_cost": 4 * 2**20, "status": "ok"})
+    lines = []
+    simulator_check.main(str(tmp_path), say=lines.append)
+    model, batch, size, predicted, measured, error = lines[1].split()
+    assert (model, batch, size, measured) == ("resnet18", "2", "32", "4.0")
+    assert float(predicted) > 0 and error.endswith("%")
