@@ -18,12 +18,12 @@ log = logging.getLogger(__name__)
 CHECKPOINT_MODES = ("auto", "memory", "speed", "collection")
 
 
-def _as_list(value, what):
+def _as_list(value):
+    """``value`` as a list: None is empty, one tensor is a list of one."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
         return list(value)
-    del what
     return [value]
 
 
@@ -59,8 +59,8 @@ def _zeros_for(x):
 
 
 def _validate_inputs(ys, xs, grad_ys):
-    ys = [_graph_tensor(y, "ys entry") for y in _as_list(ys, "ys")]
-    xs = [_graph_tensor(x, "xs entry") for x in _as_list(xs, "xs")]
+    ys = [_graph_tensor(y, "ys entry") for y in _as_list(ys)]
+    xs = [_graph_tensor(x, "xs entry") for x in _as_list(xs)]
     if not ys:
         raise errors.InvalidArgumentError("ys is empty: pass the tensor(s) to differentiate")
     if not xs:
@@ -78,7 +78,7 @@ def _validate_inputs(ys, xs, grad_ys):
             raise errors.InvalidArgumentError(
                 f"ys entry {y.name} has dtype {y.dtype.name}: only floating-point ys can be "
                 "differentiated")
-    grad_ys = _as_list(grad_ys, "grad_ys") or [None] * len(ys)
+    grad_ys = _as_list(grad_ys) or [None] * len(ys)
     if len(grad_ys) != len(ys):
         raise errors.InvalidArgumentError(
             f"grad_ys has {len(grad_ys)} entries for {len(ys)} ys; give one per y (or None)")
@@ -122,7 +122,7 @@ def _checkpoint_plan(view, checkpoints):
                 f"unknown checkpoints mode {checkpoints!r}; use one of {CHECKPOINT_MODES} or a "
                 "list of tensors")
         return select.POLICIES[checkpoints](view)
-    tensors = [_graph_tensor(t, "checkpoints entry") for t in _as_list(checkpoints, "checkpoints")]
+    tensors = [_graph_tensor(t, "checkpoints entry") for t in _as_list(checkpoints)]
     return select.explicit(view, [t.name for t in tensors])
 
 
@@ -138,23 +138,13 @@ def _with_swaps(plan, view, swap, host_device):
     if swap == "auto":
         from ome import planner
         return planner.swap_auto(view, plan, host_device)
-    names = [_graph_tensor(t, "swap entry").name for t in _as_list(swap, "swap")]
+    names = [_graph_tensor(t, "swap entry").name for t in _as_list(swap)]
     for n in names:
         if n not in plan.checkpoints:
             raise errors.InvalidArgumentError(
                 f"swap entry {n} is not a checkpoint of this plan ({plan.policy}); only "
                 "checkpoints can be swapped: add it to checkpoints=")
-    return plan_swapping(plan, names, host_device, reason="listed in swap=")
-
-
-def plan_swapping(plan, names, host_device, *, reason):
-    """``plan`` with checkpoints ``names`` moved to the host."""
-    import dataclasses
-    chosen = set(names)
-    tensors = tuple(dataclasses.replace(t, decision=Decision.SWAP, reason=reason)
-                    if t.tensor in chosen else t for t in plan.tensors)
-    return dataclasses.replace(plan, tensors=tensors, host_device=host_device,
-                               swapped=tuple(n for n in plan.checkpoints if n in chosen))
+    return plan.with_swaps(names, host_device, reason="listed in swap=")
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python graph code, also in tf.function
@@ -238,7 +228,7 @@ def gradients(ys, xs, grad_ys=None, *, checkpoints="auto", batch_size=None, swap
         grads, info = rewrite.build_gradients(view, chosen, ys, xs, grad_ys,
                                               real_copy=real_copy, name=name)
     if unconnected_gradients == "zero":
-        grads = [_zeros_for(x) if g is None else g for g, x in zip(grads, _as_list(xs_in, "xs"))]
+        grads = [_zeros_for(x) if g is None else g for g, x in zip(grads, _as_list(xs_in))]
     log.info("ome.gradients: %d checkpoints, %d swapped, %d ops copied in %d segments, "
              "%d ops added, %.3f s", len(chosen.checkpoints), len(info.swapped),
              info.copied_ops, info.segments, info.added_ops, time.perf_counter() - start)

@@ -73,14 +73,13 @@ def swap_cost(view, name, model):
 def swap_auto(view, plan, host_device, model=CostModel()):
     """``plan`` with each checkpoint whose round trip hides behind compute moved to the
     host (the last segment's checkpoints stay: they are needed as backprop starts)."""
-    from ome.gradients import plan_swapping
     last = max((view.produced_at(c) for c in plan.checkpoints), default=-1)
     chosen = [c for c in plan.checkpoints
               if view.tensors[c].is_float and view.produced_at(c) < last
               and swap_cost(view, c, model) == 0.0]
     if not chosen:
         log.info("swap='auto': no checkpoint's transfer hides behind compute; none swapped")
-    result = plan_swapping(plan, chosen, host_device, reason="transfer hidden behind compute")
+    result = plan.with_swaps(chosen, host_device, reason="transfer hidden behind compute")
     return _with_estimates(view, result, model)
 
 
@@ -148,8 +147,6 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=CostMode
 def _fit_cuts(view, limit, host_device, swaps, model):
     """The plan with the fewest cuts whose predicted peak fits ``limit`` (None: the
     smallest-peak plan), swapping per ``swaps``; None when no cut set fits."""
-    from ome.gradients import plan_swapping
-
     def with_swaps(plan):
         if swaps is None:
             return _with_estimates(view, plan, model)
@@ -158,8 +155,8 @@ def _fit_cuts(view, limit, host_device, swaps, model):
         last = max((view.produced_at(c) for c in plan.checkpoints), default=-1)
         chosen = [c for c in plan.checkpoints
                   if view.tensors[c].is_float and view.produced_at(c) < last]
-        return _with_estimates(view, plan_swapping(plan, chosen, host_device,
-                                                   reason="budget needs it on the host"),
+        return _with_estimates(view, plan.with_swaps(chosen, host_device,
+                                                     reason="budget needs it on the host"),
                                model)
 
     best = with_swaps(select.auto(view))

@@ -5,7 +5,7 @@ it; ``ome.rewrite`` consumes it; nothing else edits a graph.
 """
 import enum
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional, Tuple
 
 
@@ -54,6 +54,14 @@ class Plan:
 
     def count(self, decision):
         return sum(1 for t in self.tensors if t.decision == decision)
+
+    def with_swaps(self, names, host_device, *, reason):
+        """This plan with checkpoints ``names`` moved to ``host_device``."""
+        chosen = set(names)
+        tensors = tuple(replace(t, decision=Decision.SWAP, reason=reason)
+                        if t.tensor in chosen else t for t in self.tensors)
+        return replace(self, tensors=tensors, host_device=host_device,
+                       swapped=tuple(n for n in self.checkpoints if n in chosen))
 
     def to_json(self):
         data = asdict(self)
