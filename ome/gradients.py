@@ -10,7 +10,7 @@ import time
 import tensorflow as tf
 
 from ome import capture as capture_mod
-from ome import errors, rewrite, select
+from ome import errors, host, planner, rewrite, select
 from ome.plans import Decision
 
 log = logging.getLogger(__name__)
@@ -130,13 +130,14 @@ def _with_swaps(plan, view, swap, host_device):
     """``plan`` with the checkpoints listed in ``swap`` marked SWAP to ``host_device``."""
     if not swap:
         return plan
-    from ome import host  # imported late: only swapping needs device discovery
+    if isinstance(swap, str) and swap != "auto":
+        raise errors.InvalidArgumentError(
+            f"swap must be False, 'auto' or a list of checkpoint tensors, got {swap!r}")
     if host_device is None:
         host_device = host.default_host_device()
     else:
         host_device = host.validate_host_device(host_device)
     if swap == "auto":
-        from ome import planner
         return planner.swap_auto(view, plan, host_device)
     names = [_graph_tensor(t, "swap entry").name for t in _as_list(swap)]
     for n in names:
@@ -159,7 +160,6 @@ def _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget
     view = capture_mod.capture(ys, xs, batch_size=batch_size)
     _validate_region(view, ys, xs)
     if memory_budget is not None:
-        from ome import host, planner
         if host_device is not None:
             host_device = host.validate_host_device(host_device)
         elif swap is not False:
@@ -223,7 +223,6 @@ def gradients(ys, xs, grad_ys=None, *, checkpoints="auto", batch_size=None, swap
     else:
         real_copy = False
         if chosen.swapped:
-            from ome import host
             real_copy = host.needs_real_copy(chosen.host_device)
         grads, info = rewrite.build_gradients(view, chosen, ys, xs, grad_ys,
                                               real_copy=real_copy, name=name)

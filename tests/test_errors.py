@@ -119,3 +119,16 @@ def test_empty_collection(graph):
     case = graphs.mlp()
     raises_unchanged(graph, errors.InvalidArgumentError, "collection 'checkpoints' is empty",
                      lambda: ome.gradients(case.ys, case.xs, checkpoints="collection"))
+
+
+def test_unknown_swap_mode(graph):
+    case = graphs.mlp()
+    raises_unchanged(graph, errors.InvalidArgumentError, "swap must be False, 'auto' or a list",
+                     lambda: ome.gradients(case.ys, case.xs, swap="all"))
+
+
+def test_swapping_a_tensor_that_is_not_a_checkpoint(graph):
+    case = graphs.tanh_chain(layers=10)
+    raises_unchanged(graph, errors.InvalidArgumentError, "not a checkpoint",
+                     lambda: ome.gradients(case.ys, case.xs, checkpoints=case.interior[:1],
+                                           swap=case.interior[1:2]))
