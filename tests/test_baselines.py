@@ -11,7 +11,6 @@ import tensorflow as tf
 
 import baselines
 import models
-from baselines import __main__ as bench
 from ome import errors
 from ome.host import session_config
 from ome.measure import measure
@@ -272,37 +271,3 @@ def test_openai_refuses_the_unet_where_ome_saves_memory(graph):
     print(f"big U-Net memory_cost: vanilla {vanilla.memory_cost / MiB:.1f} MiB, ome "
           f"{ome_m.memory_cost / MiB:.1f} MiB ({len(built.info['checkpoints'])} checkpoints)")
     assert ome_m.memory_cost <= 0.7 * vanilla.memory_cost
-
-
-# ========================================================================================
-# The benchmark command
-# ========================================================================================
-
-def test_benchmark_rows_and_table():
-    spec = {"model": "resnet18", "image_size": 32, "batch_size": 2, "num_classes": 10,
-            "steps": 1, "warmup": 1}
-    rows = [bench.measure_strategy(dict(spec, strategy=s)) for s in ("vanilla", "lms")]
-    rows.append({"strategy": "openai", "status": "error", "reason": "NoBottleneckError: x"})
-    assert [r["status"] for r in rows] == ["ok", "ok", "error"]
-    assert rows[1]["swapped"] > 0 and rows[1]["host_peak"] > 0
-    table = bench.format_table(rows, "title")
-    print(table)
-    lines = table.splitlines()
-    assert lines[0] == "title" and lines[1].startswith("strategy")
-    assert lines[3].split()[:3] == ["vanilla", f"{rows[0]['max_mem'] / MiB:.1f}", "1.00"]
-    assert "openai: NoBottleneckError: x" in table
-
-
-def test_lms_autotune_needs_sizes_before_editing(graph):
-    x = tf.compat.v1.placeholder(tf.float32, [None, 1024])
-    h = x
-    for _ in range(5):
-        h = tf.tanh(h)
-    loss = tf.reduce_sum(h)
-    before = len(graph.get_operations())
-    with pytest.raises(errors.InvalidArgumentError, match="pass batch_size="):
-        baselines.build("lms", loss, [x], memory_budget="1MiB")
-    assert len(graph.get_operations()) == before
-    # Batch 8: 32 KiB per tanh; a budget of four of them needs some swapping.
-    built = baselines.build("lms", loss, [x], memory_budget=4 * 32 * 1024, batch_size=8)
-    assert built.info["swapped"] and built.info["simulated_peak"] <= 4 * 32 * 1024
