@@ -14,7 +14,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from ome import errors
+from ome import errors, host
 from ome.plans import Decision
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,12 @@ def swap_in(host_tensor, device, trigger_ops, *, name="swap_in"):
 
 def swap_pair(tensor, host_device, trigger_ops, *, real_copy, name):
     """Copy ``tensor`` to ``host_device`` and back; the way back waits for ``trigger_ops``.
-    Returns the tensor on the device again."""
+    Returns the tensor on the device again: its producer's device, or the accelerator
+    when the producer was left for TensorFlow to place (the placer would otherwise be free
+    to keep the copy-back next to its input, on the host)."""
     with tf.name_scope(name):
         out = swap_out(tensor, host_device, real_copy=real_copy)
-        return swap_in(out, tensor.op.device, trigger_ops)
+        return swap_in(out, tensor.op.device or host.accelerator_device(), trigger_ops)
 
 
 def reroute(tensor, new_tensor, consumers):
