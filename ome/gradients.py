@@ -126,6 +126,13 @@ def _checkpoint_plan(view, checkpoints):
     return select.explicit(view, [t.name for t in tensors])
 
 
+def _resolve_host(host_device):
+    """The device to swap to: the user's, validated, or the default host."""
+    if host_device is None:
+        return host.default_host_device()
+    return host.validate_host_device(host_device)
+
+
 def _with_swaps(plan, view, swap, host_device):
     """``plan`` with the checkpoints listed in ``swap`` marked SWAP to ``host_device``."""
     if not swap:
@@ -133,10 +140,7 @@ def _with_swaps(plan, view, swap, host_device):
     if isinstance(swap, str) and swap != "auto":
         raise errors.InvalidArgumentError(
             f"swap must be False, 'auto' or a list of checkpoint tensors, got {swap!r}")
-    if host_device is None:
-        host_device = host.default_host_device()
-    else:
-        host_device = host.validate_host_device(host_device)
+    host_device = _resolve_host(host_device)
     if swap == "auto":
         return planner.swap_auto(view, plan, host_device)
     names = [_graph_tensor(t, "swap entry").name for t in _as_list(swap)]
@@ -160,10 +164,8 @@ def _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget
     view = capture_mod.capture(ys, xs, batch_size=batch_size)
     _validate_region(view, ys, xs)
     if memory_budget is not None:
-        if host_device is not None:
-            host_device = host.validate_host_device(host_device)
-        elif swap is not False:
-            host_device = host.default_host_device()
+        if host_device is not None or swap is not False:
+            host_device = _resolve_host(host_device)
         # Weights, their gradients and one optimizer slot each (momentum) stay allocated
         # through the step next to the activations; other variables once.
         static = 0

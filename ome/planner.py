@@ -70,13 +70,17 @@ def swap_cost(view, name, model):
     return max(0.0, transfer - _window_seconds(view, name, model))
 
 
+def _swappable(view, plan):
+    """Float checkpoints outside the last segment (those are needed as backprop starts)."""
+    last = max((view.produced_at(c) for c in plan.checkpoints), default=-1)
+    return [c for c in plan.checkpoints
+            if view.tensors[c].is_float and view.produced_at(c) < last]
+
+
 def swap_auto(view, plan, host_device, model=CostModel()):
     """``plan`` with each checkpoint whose round trip hides behind compute moved to the
-    host (the last segment's checkpoints stay: they are needed as backprop starts)."""
-    last = max((view.produced_at(c) for c in plan.checkpoints), default=-1)
-    chosen = [c for c in plan.checkpoints
-              if view.tensors[c].is_float and view.produced_at(c) < last
-              and swap_cost(view, c, model) == 0.0]
+    host (the last segment's checkpoints stay)."""
+    chosen = [c for c in _swappable(view, plan) if swap_cost(view, c, model) == 0.0]
     if not chosen:
         log.info("swap='auto': no checkpoint's transfer hides behind compute; none swapped")
     result = plan.with_swaps(chosen, host_device, reason="transfer hidden behind compute")
@@ -123,47 +127,36 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=CostMode
     everything = _keep_everything(view)
     if simulate.simulate(view, everything).device_peak <= limit:
         return _with_estimates(view, everything, model)
-    options = [("recompute", None)]
+    swap_options = [("recompute", lambda plan: _with_estimates(view, plan, model))]
     if host_device is not None:
-        options += [("recompute+swap", "hidden"), ("recompute+swap-all", "all")]
+        swap_options += [
+            ("recompute+swap", lambda plan: swap_auto(view, plan, host_device, model)),
+            ("recompute+swap-all", lambda plan: _with_estimates(view, plan.with_swaps(
+                _swappable(view, plan), host_device, reason="budget needs it on the host"),
+                model))]
+    base = select.auto(view)
     smallest = None
-    for label, swaps in options:
-        plan = _fit_cuts(view, limit, host_device, swaps, model)
-        if plan is not None:
-            plan = dataclasses.replace(plan, policy=f"budget:{label}")
+    for label, with_swaps in swap_options:
+        tightest = with_swaps(base)
+        peak = tightest.estimates["device_peak"]
+        smallest = peak if smallest is None else min(smallest, peak)
+        if peak <= limit:
+            plan = dataclasses.replace(_fewest_cuts(view, limit, with_swaps, tightest),
+                                       policy=f"budget:{label}")
             log.info("memory_budget %.1f MiB: %s, predicted device peak %.1f MiB",
                      budget / 2**20, label, plan.estimates["device_peak"] / 2**20 +
                      static_bytes / 2**20)
             return plan
-        tightest = _fit_cuts(view, None, host_device, swaps, model)
-        peak = tightest.estimates["device_peak"]
-        smallest = peak if smallest is None else min(smallest, peak)
     raise errors.BudgetError(
         f"cannot fit in {budget / 2**20:.1f} MiB; smallest reachable is "
         f"{(smallest + static_bytes) / (1 - HEADROOM) / 2**20:.1f} MiB (predicted"
         f"{', without a host device to swap to' if host_device is None else ''})")
 
 
-def _fit_cuts(view, limit, host_device, swaps, model):
-    """The plan with the fewest cuts whose predicted peak fits ``limit`` (None: the
-    smallest-peak plan), swapping per ``swaps``; None when no cut set fits."""
-    def with_swaps(plan):
-        if swaps is None:
-            return _with_estimates(view, plan, model)
-        if swaps == "hidden":
-            return swap_auto(view, plan, host_device, model)
-        last = max((view.produced_at(c) for c in plan.checkpoints), default=-1)
-        chosen = [c for c in plan.checkpoints
-                  if view.tensors[c].is_float and view.produced_at(c) < last]
-        return _with_estimates(view, plan.with_swaps(chosen, host_device,
-                                                     reason="budget needs it on the host"),
-                               model)
-
-    best = with_swaps(select.auto(view))
-    if limit is None:
-        return best
-    if best.estimates["device_peak"] > limit:
-        return None
+def _fewest_cuts(view, limit, with_swaps, tightest):
+    """The plan with the fewest cuts whose predicted peak fits ``limit``, starting from
+    ``tightest`` (the smallest-peak plan, which fits); ``with_swaps`` adds the swaps."""
+    best = tightest
     # Fewer cuts keep fewer checkpoints on the device only up to a point; walk the
     # segment-size limit upwards while the prediction still fits.
     low, high = best.estimates.get("estimated_activation_peak", 0.0), float(

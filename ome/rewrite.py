@@ -15,7 +15,6 @@ from typing import Dict, List
 import tensorflow as tf
 
 from ome import errors, host
-from ome.plans import Decision
 
 log = logging.getLogger(__name__)
 # Bound at import so ome.patch, which replaces tf.gradients, never routes ome into itself.
@@ -152,7 +151,7 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False, name="ome_g
     info = RewriteInfo()
     before = len(graph.get_operations())
     ckpt_names = set(plan.checkpoints)
-    swapped = {n for n in plan.checkpoints if plan.decision(n) == Decision.SWAP}
+    swapped = set(plan.swapped)
     x_names = set(view.xs)
     stop = ckpt_names | x_names
     depth = _depths(view, plan.checkpoints)
@@ -179,7 +178,7 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False, name="ome_g
         groups = [list(view.ys)]
         for level in sorted(set(depth.values()), reverse=True):
             groups.append(sorted((c for c, d in depth.items() if d == level),
-                                 key=lambda c: view.position[view.tensors[c].op]))
+                                 key=view.produced_at))
         y_triggers = [t.op for t in ys] + [g.op for g in grad_ys if g is not None]
         prefetch = y_triggers
         finished = []  # gradients made by the last segment processed
@@ -207,7 +206,7 @@ def build_gradients(view, plan, ys, xs, grad_ys, *, real_copy=False, name="ome_g
                             inputs.append(copies[t.name])
                             rooted = False
                         elif t.name in view.tensors or t.name in x_names:
-                            if t.name in ckpt_names or t.name in x_names or \
+                            if t.name in stop or \
                                     not view.ops[view.tensors[t.name].op].recomputable:
                                 inputs.append(source(t.name, prefetch))
                                 if t.name not in used:
