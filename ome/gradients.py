@@ -27,8 +27,17 @@ def _as_list(value):
     return [value]
 
 
+def _unwrap_variable(value):
+    """The ``tf.Variable`` behind a Keras 3 variable (TensorFlow backend), else ``value``."""
+    inner = getattr(value, "value", None)
+    if not isinstance(value, (tf.Variable, tf.Tensor)) and isinstance(inner, tf.Variable):
+        return inner
+    return value
+
+
 def _graph_tensor(value, what):
     """``value`` as a graph-mode tensor (variables become their handles, as in tf.gradients)."""
+    value = _unwrap_variable(value)
     if isinstance(value, tf.Variable):
         handle = getattr(value, "handle", None)
         graph = tf.compat.v1.get_default_graph()
@@ -53,6 +62,7 @@ def _graph_tensor(value, what):
 
 def _zeros_for(x):
     """The zero gradient of ``x`` (a variable's value, not its handle)."""
+    x = _unwrap_variable(x)
     if isinstance(x, tf.Variable):
         return tf.zeros(x.shape, x.dtype.base_dtype)
     return tf.zeros_like(x)
