@@ -15,7 +15,7 @@ setup(
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
-        "plots": ["matplotlib"],
+        "plots": ["matplotlib", "tqdm"],  # benchmark.py's plots and progress bar
         "test": ["pytest>=7", "matplotlib"],
     },
 )

@@ -16,7 +16,7 @@ OPENAI_MODES = ("memory", "speed", "collection")
 
 def _facts(strategy, plan, info, timer):
     return timer.facts(strategy=strategy, policy=plan.policy, checkpoints=tuple(plan.checkpoints),
-                       swapped=tuple(plan.swapped), segments=info.segments,
+                       swapped=tuple(plan.swapped), groups=info.groups,
                        copied_ops=info.copied_ops, host_device=plan.host_device,
                        estimates=dict(plan.estimates))
 

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 import models
-from models import layers
+from models import gpt, layers
 from ome.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["TrainStep", "build_train_step", "count_parameters", "synthetic_batch"]
@@ -29,19 +29,25 @@ class TrainStep:
     train_op : tf.Operation
         Applies the gradients (after the batch-norm moving-average updates).
     loss : tf.Tensor
-        Scalar mean softmax cross-entropy.
+        Scalar mean softmax cross-entropy (GPTs: over every next-token prediction).
     logits : tf.Tensor
-        ``[batch, num_classes]``.
+        ``[batch, num_classes]`` (GPTs: ``[batch, sequence, vocab]``).
     images, labels : tf.Tensor
-        The float32 image and int32 label placeholders, fully static shapes.
+        The float32 image and int32 label placeholders, fully static shapes. For a GPT,
+        the int32 input token ids and next-token targets, both ``[batch, sequence]``.
     feed_dict : dict
         ``{images: ndarray, labels: ndarray}``: the seeded synthetic batch.
     variables : tuple of tf.Variable
         The model's trainable variables, in the order passed to ``gradients``.
     grads : tuple of tf.Tensor
-        ``gradients(loss, list(variables))``, one per variable.
+        ``gradients(loss, list(variables))``, one per variable (``IndexedSlices`` made
+        dense).
     init_op : tf.Operation
         Initialises every variable the step created (model, moving statistics, optimizer).
+    optimizer : tf.compat.v1.train.Optimizer
+        The optimizer that applies the gradients (its ``variables()`` are its states).
+    endpoints : dict
+        GPTs: :attr:`models.gpt.GPTModel.endpoints`; empty for the image models.
     """
 
     train_op: Any
@@ -53,6 +59,8 @@ class TrainStep:
     variables: Tuple[Any, ...]
     grads: Tuple[Any, ...]
     init_op: Any
+    optimizer: Any = None
+    endpoints: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def count_parameters(variables):
@@ -77,28 +85,35 @@ def synthetic_batch(batch_size, image_size, num_classes, seed=0, data_format="NH
     return images, labels
 
 
-def build_train_step(name, batch_size, image_size, *, num_classes=1000,
+def build_train_step(name, batch_size, image_size, *, num_classes=None,
                      gradients: Optional[Callable] = None, optimizer="momentum",
                      learning_rate=0.01, seed=0, data_format="NHWC",
                      dropout=None, block_wrapper=None) -> TrainStep:
     """Build one training step of model ``name`` in the current default graph.
 
+    For a GPT (``models.GPT_NAMES``) ``image_size`` is the sequence length: the
+    placeholders are int32 token ids and next-token targets ``[batch_size, image_size]``,
+    the loss the mean next-token cross-entropy, and the synthetic batch uniform tokens
+    (:func:`models.gpt.synthetic_tokens`).
+
     Creates image and label placeholders of static shape (``[batch_size, image_size,
     image_size, 3]`` for NHWC, ``[batch_size, 3, image_size, image_size]`` for NCHW, and
     ``[batch_size]``), the model in training mode, the mean softmax cross-entropy, the
-    gradients ``gradients(loss, variables)`` and an optimizer step applying them, with every
-    new ``UPDATE_OPS`` entry (batch-norm moving averages) as a control dependency of the
+    gradients ``gradients(loss, variables)`` (``IndexedSlices`` made dense) and an optimizer
+    step applying them, with every new ``UPDATE_OPS`` entry (batch-norm moving averages) as a control dependency of the
     train op. Sets the graph seed to ``seed`` (so variable initialisers and dropout are
     reproducible) and draws the synthetic batch from ``seed`` too.
 
     Parameters
     ----------
     name : str
-        One of ``models.NAMES``.
+        One of ``models.ALL_NAMES``.
     batch_size, image_size : int
-        Static batch size and square image side (at least ``models.MIN_IMAGE_SIZE[name]``).
-    num_classes : int
-        Number of classes (logit width; labels are drawn uniformly from it).
+        Static batch size and square image side (at least ``models.MIN_IMAGE_SIZE[name]``);
+        for a GPT, the sequence length (at most the preset's ``positions``).
+    num_classes : int or None
+        Number of classes (logit width; labels are drawn uniformly from it); default 1000.
+        For a GPT, the vocabulary size (default: the preset's).
     gradients : callable, optional
         ``gradients(ys, xs) -> list of tensors`` called as ``gradients(loss, variables)``
         with the trainable variables (resource variables) as ``xs``. Default
@@ -113,7 +128,7 @@ def build_train_step(name, batch_size, image_size, *, num_classes=1000,
     data_format : {"NHWC", "NCHW"}
         Layout of the model and of the image placeholder.
     dropout : bool or None
-        Passed to :func:`models.build` (Inception-v4 only; default on).
+        Passed to :func:`models.build` (Inception-v4 and GPTs; default on).
     block_wrapper : callable or None
         Passed to :func:`models.build`: wraps each residual/Inception block (e.g.
         ``tf.recompute_grad``; see ``baselines.tf_recompute_grad``).
@@ -126,8 +141,9 @@ def build_train_step(name, batch_size, image_size, *, num_classes=1000,
     layers.check_data_format(data_format)
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("image_size", image_size)
-    _check_positive_int("num_classes", num_classes)
-    if image_size < models.MIN_IMAGE_SIZE[name]:
+    if num_classes is not None:
+        _check_positive_int("num_classes", num_classes)
+    if name not in models.GPT_NAMES and image_size < models.MIN_IMAGE_SIZE[name]:
         minimum = models.MIN_IMAGE_SIZE[name]
         raise InvalidArgumentError(
             f"{name} needs image_size of at least {minimum} "
@@ -161,24 +177,20 @@ def build_train_step(name, batch_size, image_size, *, num_classes=1000,
     n_trainable = len(graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES))
     n_updates = len(graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
 
-    images = tf.compat.v1.placeholder(
-        tf.float32, image_shape(batch_size, image_size, data_format), name="images"
-    )
-    labels = tf.compat.v1.placeholder(tf.int32, [batch_size], name="labels")
-    logits = models.build(name, images, num_classes=num_classes, training=True,
-                          data_format=data_format, dropout=dropout,
-                          block_wrapper=block_wrapper)
-    with tf.name_scope("loss"):
-        loss = tf.reduce_mean(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits),
-            name="mean",
-        )
+    if name in models.GPT_NAMES:
+        models.check_gpt_data_format(name, data_format)
+        config = models.gpt_config(name, image_size, num_classes)
+        model = _gpt_model(config, batch_size, seed, dropout, block_wrapper)
+    else:
+        model = _image_model(name, batch_size, image_size, num_classes or 1000, seed,
+                             data_format, dropout, block_wrapper)
+    images, labels, logits, loss, feed_dict, endpoints = model
 
     variables = tuple(
         graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)[n_trainable:]
     )
     grads = gradients(loss, list(variables))
-    grads = _check_gradients(grads, variables)
+    grads = _dense(_check_gradients(grads, variables))
 
     if optimizer == "momentum":
         opt = tf.compat.v1.train.MomentumOptimizer(learning_rate, MOMENTUM)
@@ -190,18 +202,64 @@ def build_train_step(name, batch_size, image_size, *, num_classes=1000,
     new_variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)[n_global:]
     init_op = tf.compat.v1.variables_initializer(new_variables, name="init")
 
-    image_data, label_data = synthetic_batch(batch_size, image_size, num_classes, seed,
-                                             data_format)
     return TrainStep(
         train_op=train_op, loss=loss, logits=logits, images=images, labels=labels,
-        feed_dict={images: image_data, labels: label_data}, variables=variables,
-        grads=tuple(grads), init_op=init_op,
+        feed_dict=feed_dict, variables=variables, grads=tuple(grads), init_op=init_op,
+        optimizer=opt, endpoints=endpoints,
     )
+
+
+def _image_model(name, batch_size, image_size, num_classes, seed, data_format, dropout,
+                 block_wrapper):
+    """``(images, labels, logits, loss, feed_dict, endpoints)`` of an image model."""
+    images = tf.compat.v1.placeholder(
+        tf.float32, image_shape(batch_size, image_size, data_format), name="images"
+    )
+    labels = tf.compat.v1.placeholder(tf.int32, [batch_size], name="labels")
+    logits = models.build(name, images, num_classes=num_classes, training=True,
+                          data_format=data_format, dropout=dropout,
+                          block_wrapper=block_wrapper)
+    loss = _cross_entropy(labels, logits)
+    image_data, label_data = synthetic_batch(batch_size, image_size, num_classes, seed,
+                                             data_format)
+    return images, labels, logits, loss, {images: image_data, labels: label_data}, {}
+
+
+def _gpt_model(config, batch_size, seed, dropout, block_wrapper):
+    """``(tokens, targets, logits, loss, feed_dict, endpoints)`` of a GPT."""
+    shape = [batch_size, config.sequence]
+    tokens = tf.compat.v1.placeholder(tf.int32, shape, name="tokens")
+    targets = tf.compat.v1.placeholder(tf.int32, shape, name="targets")
+    model = gpt.build_gpt(tokens, config, training=True, dropout=dropout,
+                          block_wrapper=block_wrapper)
+    flat_logits = tf.reshape(model.logits, [-1, config.vocab])
+    loss = _cross_entropy(tf.reshape(targets, [-1]), flat_logits)
+    token_data, target_data = gpt.synthetic_tokens(batch_size, config.sequence, config.vocab,
+                                                   seed)
+    return (tokens, targets, model.logits, loss, {tokens: token_data, targets: target_data},
+            model.endpoints)
+
+
+def _cross_entropy(labels, logits):
+    with tf.name_scope("loss"):
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits),
+            name="mean",
+        )
 
 
 def _check_positive_int(arg, value):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise InvalidArgumentError(f"{arg} must be a positive int, got {value!r}")
+
+
+def _dense(grads):
+    """``IndexedSlices`` gradients (a GPT's embedding) as dense tensors.
+
+    A sparse optimizer update would switch the variable to copy-on-read, so that every later
+    read of it copies the whole table (see :mod:`models.gpt`).
+    """
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
 
 
 def _check_gradients(grads, variables):

@@ -2,10 +2,23 @@
 
     grads = ome.gradients(loss, variables)          # instead of tf.gradients
     print(ome.plan(loss, variables))                # what it will keep, recompute, swap
+    with ome.GradientTape() as tape: ...            # inside tf.function
+    model = ome.keras.wrap(model)                   # Keras 3 model.fit (imports keras)
 """
+import importlib
+
 from ome import errors
-from ome.gradients import gradients, plan
+from ome.gradients import apply_plan, capture_view, gradients, plan
 from ome.patch import patch
 from ome.plans import Decision, Plan, explain
+from ome.tape import GradientTape
 
-__all__ = ["errors", "gradients", "patch", "plan", "Decision", "Plan", "explain"]
+__all__ = ["errors", "apply_plan", "capture_view", "gradients", "patch", "plan", "Decision", "Plan", "explain",
+           "GradientTape", "keras"]
+
+
+def __getattr__(name):
+    """``ome.keras`` is imported on first use, so ``import ome`` does not import Keras."""
+    if name == "keras":
+        return importlib.import_module("ome.keras")
+    raise AttributeError(f"module 'ome' has no attribute {name!r}")

@@ -1,9 +1,12 @@
-"""``ome.gradients``: a drop-in for ``tf.gradients`` that checkpoints, recomputes and swaps.
+"""``ome.gradients``: ``tf.gradients`` with the memory of a plan that recomputes and swaps.
 
-The flow is validate -> capture -> select (a policy) -> rewrite. Everything that can be
-wrong with the input is checked before the first op is added, so an error leaves the
-user's graph exactly as it was.
+The flow is validate -> build ``tf.gradients`` -> capture -> plan (a policy) -> apply.
+The backward ops are ``tf.gradients``' own; the plan only changes where they read forward
+tensors from. Options that can be refused (explicit checkpoints, pins, swap lists, a
+budget, the bottleneck policy, unknown sizes) are first planned on a scratch copy of the
+graph, so an error leaves the user's graph exactly as it was.
 """
+import dataclasses
 import logging
 import time
 
@@ -11,15 +14,16 @@ import tensorflow as tf
 
 from ome import capture as capture_mod
 from ome import errors, host, planner, rewrite, select
-from ome.plans import Decision
+from ome.plans import Plan, make_plan
+from ome.schedule import Decision
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_MODES = ("auto", "memory", "speed", "collection")
+CHECKPOINT_MODES = ("auto", "memory", "speed", "collection", "none")
+_UNCONNECTED = ("none", "zero")
 
 
 def _as_list(value):
-    """``value`` as a list: None is empty, one tensor is a list of one."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
@@ -36,36 +40,32 @@ def _unwrap_variable(value):
 
 
 def _graph_tensor(value, what):
-    """``value`` as a graph-mode tensor (variables become their handles, as in tf.gradients)."""
+    """``value`` as a graph tensor; variables become what ``tf.gradients`` differentiates."""
     value = _unwrap_variable(value)
     if isinstance(value, tf.Variable):
-        handle = getattr(value, "handle", None)
         graph = tf.compat.v1.get_default_graph()
-        if handle is not None and not hasattr(handle, "graph") and hasattr(graph, "capture"):
-            # Inside tf.function: the variable's eager handle enters the function graph as a
-            # capture, which is the tensor the function's ops read (as tf.gradients does).
+        if not hasattr(value, "handle"):  # a reference variable: its ref tensor
+            return value._ref()  # pylint: disable=protected-access
+        handle = value.handle
+        if not hasattr(handle, "graph") and hasattr(graph, "capture"):
+            # Inside tf.function: the eager variable's handle enters as a capture.
             handle = graph.capture(handle)
-        if handle is None or not hasattr(handle, "graph"):
+        if not hasattr(handle, "graph"):
             raise errors.InvalidTypeError(
-                f"{what} {value!r} is an eager variable; ome rewrites graphs: build the model "
-                "inside a tf.Graph (tf.compat.v1 graph mode)")
+                f"{what} {value.name} is a variable outside any graph being built; ome "
+                "rewrites graphs: call it inside tf.function or a tf.Graph")
         return handle
+    if isinstance(value, tf.IndexedSlices):
+        raise errors.InvalidTypeError(f"{what} is IndexedSlices; pass a dense tensor")
     if not isinstance(value, tf.Tensor):
         raise errors.InvalidTypeError(
             f"{what} must be tf.Tensor or tf.Variable, got {type(value).__name__}")
     if not hasattr(value, "graph"):
         raise errors.InvalidTypeError(
-            f"{what} {value!r} is an eager tensor; ome rewrites graphs: build the model in "
-            "graph mode (tf.compat.v1.disable_eager_execution() or inside tf.Graph().as_default())")
+            f"{what} {value!r} is an eager tensor; ome rewrites graphs: use it inside "
+            "tf.function, or build the model in graph mode "
+            "(tf.compat.v1.disable_eager_execution() or tf.Graph().as_default())")
     return value
-
-
-def _zeros_for(x):
-    """The zero gradient of ``x`` (a variable's value, not its handle)."""
-    x = _unwrap_variable(x)
-    if isinstance(x, tf.Variable):
-        return tf.zeros(x.shape, x.dtype.base_dtype)
-    return tf.zeros_like(x)
 
 
 def _validate_inputs(ys, xs, grad_ys):
@@ -81,8 +81,8 @@ def _validate_inputs(ys, xs, grad_ys):
         for t in items:
             if t.graph is not graph:
                 raise errors.InvalidArgumentError(
-                    f"{what} entry {t.name} belongs to another graph than ys[0] ({ys[0].name}); "
-                    "all tensors must come from one graph")
+                    f"{what} entry {t.name} belongs to another graph than ys[0] "
+                    f"({ys[0].name}); all tensors must come from one graph")
     for y in ys:
         if not (y.dtype.is_floating or y.dtype.is_complex):
             raise errors.InvalidArgumentError(
@@ -96,153 +96,325 @@ def _validate_inputs(ys, xs, grad_ys):
     return ys, xs, grad_ys
 
 
-def _validate_region(view, ys, xs):
-    y_ops = {view.tensors[n].op for n in view.ys if n in view.tensors}
-    if not y_ops and not set(view.ys) & set(view.xs):
-        raise errors.InvalidArgumentError(
-            f"none of ys ({', '.join(y.name for y in ys)}) depends on any of xs "
-            f"({', '.join(x.name for x in xs)}): there is nothing to differentiate")
-    for op_name in view.order:
-        op = view.ops[op_name]
-        if op.type in capture_mod.CONTROL_FLOW_OPS:
-            raise errors.UnsupportedGraphError(
-                f"op {op_name} ({op.type}) is control flow inside the region to recompute; ome "
-                "cannot recompute tf.while_loop/tf.cond: move it before xs or use tf.gradients")
-        if not op.recomputable:
-            for pred in view.graph.predecessors(op_name):
-                tensors = view.graph.edges[pred, op_name]["tensors"]
-                if view.ops[pred].recomputable and any(view.tensors[t].is_float for t in tensors):
-                    raise errors.UnsupportedGraphError(
-                        f"op {op_name} ({op.type}) is stateful and reads {tensors[0]}, a "
-                        "tensor ome would recompute; its gradient needs the original: make it "
-                        "stateless or pass it as a checkpoint-free region (use tf.gradients)")
+def _names(values, what):
+    return [_graph_tensor(t, what).name for t in _as_list(values)]
 
 
-def _checkpoint_plan(view, checkpoints):
-    if isinstance(checkpoints, str):
-        if checkpoints == "collection":
-            tensors = tf.compat.v1.get_collection("checkpoints")
-            if not tensors:
+class _Options:
+    """The planning options of one call, validated before the graph is touched."""
+
+    def __init__(self, checkpoints, pin, swap, host_device, memory_budget, batch_size,
+                 swap_ahead):
+        if callable(checkpoints):
+            self.checkpoints = checkpoints
+        elif isinstance(checkpoints, str):
+            if checkpoints not in CHECKPOINT_MODES:
                 raise errors.InvalidArgumentError(
-                    "checkpoints='collection' but the graph collection 'checkpoints' is empty: "
-                    "tf.compat.v1.add_to_collection('checkpoints', tensor) first")
-            return select.explicit(view, [t.name for t in tensors])
-        if checkpoints not in select.POLICIES:
+                    f"unknown checkpoints mode {checkpoints!r}; use one of {CHECKPOINT_MODES} "
+                    "or a list of tensors")
+            if checkpoints == "collection":
+                collected = tf.compat.v1.get_collection("checkpoints")
+                if not collected:
+                    raise errors.InvalidArgumentError(
+                        "checkpoints='collection' but the graph collection 'checkpoints' is "
+                        "empty: tf.compat.v1.add_to_collection('checkpoints', tensor) first")
+                checkpoints = _names(collected, "checkpoints entry")
+            self.checkpoints = checkpoints
+        else:
+            self.checkpoints = _names(checkpoints, "checkpoints entry")
+        if swap not in (False, None, "auto") and (isinstance(swap, str) or swap is True):
             raise errors.InvalidArgumentError(
-                f"unknown checkpoints mode {checkpoints!r}; use one of {CHECKPOINT_MODES} or a "
-                "list of tensors")
-        return select.POLICIES[checkpoints](view)
-    tensors = [_graph_tensor(t, "checkpoints entry") for t in _as_list(checkpoints)]
-    return select.explicit(view, [t.name for t in tensors])
+                f"swap must be False, 'auto' or a list of tensors, got {swap!r}")
+        self.swap = swap if swap in (False, None, "auto") else _names(swap, "swap entry")
+        if pin is not None and not isinstance(pin, dict):
+            raise errors.InvalidTypeError(
+                f"pin must be a dict {{tensor: 'keep'|'recompute'|'swap'}}, got "
+                f"{type(pin).__name__}")
+        self.pins = {_graph_tensor(t, "pin key").name: v for t, v in (pin or {}).items()}
+        for value in self.pins.values():
+            if getattr(value, "value", value) not in select.PIN_VALUES:
+                raise errors.InvalidArgumentError(
+                    f"pin value {value!r}; use one of {sorted(select.PIN_VALUES)}")
+        self.budget = None if memory_budget is None else planner.parse_bytes(memory_budget)
+        if batch_size is not None and (isinstance(batch_size, bool) or
+                                       not isinstance(batch_size, int) or batch_size < 1):
+            raise errors.InvalidArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.batch_size = batch_size
+        if isinstance(swap_ahead, bool) or not isinstance(swap_ahead, int) or swap_ahead < 0:
+            raise errors.InvalidArgumentError(f"swap_ahead must be an int >= 0, got {swap_ahead!r}")
+        self.swap_ahead = swap_ahead
+        swaps = self.swap or any(getattr(v, "value", v) == "swap" for v in self.pins.values())
+        self.host_device = None
+        if swaps or (self.budget is not None and host_device is not None):
+            self.host_device = (host.validate_host_device(host_device) if host_device
+                                else host.default_host_device())
+
+    def user_decided(self):
+        """Whether the user chose tensors (a list, pins or swaps): honoured as given."""
+        return (not isinstance(self.checkpoints, str) or bool(self.pins)
+                or isinstance(self.swap, list))
+
+    def can_fail(self):
+        """Whether planning may refuse these options (then it is tried on a copy first)."""
+        return (not isinstance(self.checkpoints, str) or self.checkpoints == "memory"
+                or bool(self.pins) or isinstance(self.swap, list) or self.budget is not None)
 
 
-def _resolve_host(host_device):
-    """The device to swap to: the user's, validated, or the default host."""
-    if host_device is None:
-        return host.default_host_device()
-    return host.validate_host_device(host_device)
+def _static_bytes(graph):
+    """Bytes of every variable the step's graph holds (weights and optimizer slots)."""
+    total = 0
+    for op in graph.get_operations():
+        if op.type in ("VarHandleOp", "VariableV2"):
+            shape = tf.TensorShape(op.get_attr("shape"))
+            dtype = tf.as_dtype(op.get_attr("dtype"))
+            if shape.is_fully_defined():
+                total += shape.num_elements() * dtype.size
+    return total
 
 
-def _with_swaps(plan, view, swap, host_device):
-    """``plan`` with the checkpoints listed in ``swap`` marked SWAP to ``host_device``."""
-    if not swap:
+def make_policy_plan(view, options, graph):
+    """The Plan ``options`` ask for on captured ``view``."""
+    if options.budget is not None:
+        return planner.fit_budget(view, options.budget, host_device=options.host_device,
+                                  static_bytes=_static_bytes(graph), pins=options.pins)
+    if callable(options.checkpoints):
+        plan = options.checkpoints(view)
+        if not isinstance(plan, Plan):
+            raise errors.InvalidTypeError(
+                f"checkpoints= policy {options.checkpoints!r} returned "
+                f"{type(plan).__name__}, not an ome.Plan")
+    elif isinstance(options.checkpoints, str):
+        plan = select.POLICIES[options.checkpoints](view, pins=options.pins,
+                                                    host_device=options.host_device)
+    else:
+        plan = select.explicit(view, options.checkpoints, pins=options.pins,
+                               host_device=options.host_device)
+    if options.swap == "auto":
+        plan = planner.swap_auto(view, plan, options.host_device)
+    elif options.swap:
+        for t in options.swap:
+            if t not in view.tensors or not view.is_forward_tensor(t):
+                raise errors.InvalidArgumentError(
+                    f"swap entry {t} is not a forward tensor of this step")
+        plan = planner.with_swaps(view, plan, options.swap, options.host_device,
+                                  reason="listed in swap=", swap_ahead=options.swap_ahead)
+    elif options.host_device and plan.count(Decision.SWAP):
+        plan = make_plan(view, plan.decisions(), {t.tensor: t.reason for t in plan.tensors},
+                         plan.policy, checkpoints=plan.checkpoints,
+                         host_device=options.host_device, swap_ahead=options.swap_ahead)
+    plan = planner.with_predictions(view, plan)
+    if options.user_decided():
         return plan
-    if isinstance(swap, str) and swap != "auto":
-        raise errors.InvalidArgumentError(
-            f"swap must be False, 'auto' or a list of checkpoint tensors, got {swap!r}")
-    host_device = _resolve_host(host_device)
-    if swap == "auto":
-        return planner.swap_auto(view, plan, host_device)
-    names = [_graph_tensor(t, "swap entry").name for t in _as_list(swap)]
-    for n in names:
-        if n not in plan.checkpoints:
-            raise errors.InvalidArgumentError(
-                f"swap entry {n} is not a checkpoint of this plan ({plan.policy}); only "
-                "checkpoints can be swapped: add it to checkpoints=")
-    return plan.with_swaps(names, host_device, reason="listed in swap=")
+    return _no_worse_than_plain(view, plan)
 
 
-@tf.autograph.experimental.do_not_convert  # plain Python graph code, also in tf.function
-def plan(ys, xs, *, checkpoints="auto", batch_size=None, swap=False, host_device=None,
-         memory_budget=None):
-    """The :class:`Plan` ``ome.gradients`` would follow, without touching the graph."""
-    ys, xs, _ = _validate_inputs(ys, xs, None)
-    return _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget)[0]
+def _no_worse_than_plain(view, plan):
+    """``plan``, or plain backprop when the simulator predicts ``plan`` saves nothing:
+    ome never raises memory by its own choice."""
+    if plan.changes_nothing():
+        return plan
+    plain = planner.with_predictions(view, select.keep_all(view))
+    if plan.estimates["device_peak"] < plain.estimates["device_peak"]:
+        return plan
+    log.warning("checkpoints=%r: the predicted peak (%s) is no lower than plain backprop's "
+                "(%s) on this graph, so ome builds plain tf.gradients", plan.policy,
+                planner.format_bytes(plan.estimates["device_peak"]),
+                planner.format_bytes(plain.estimates["device_peak"]))
+    return dataclasses.replace(plain, policy=f"{plan.policy} (no saving: plain)")
 
 
-def _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget):
-    view = capture_mod.capture(ys, xs, batch_size=batch_size)
-    _validate_region(view, ys, xs)
-    if memory_budget is not None:
-        if host_device is not None or swap is not False:
-            host_device = _resolve_host(host_device)
-        # Weights, their gradients and one optimizer slot each (momentum) stay allocated
-        # through the step next to the activations; other variables once.
-        static = 0
-        for v in tf.compat.v1.global_variables():
-            if v.shape.is_fully_defined():
-                size = v.shape.num_elements() * v.dtype.base_dtype.size
-                static += 3 * size if v.trainable else size
-        return planner.fit_budget(view, memory_budget, host_device=host_device,
-                                  static_bytes=static), view
-    result = _checkpoint_plan(view, checkpoints)
-    return _with_swaps(result, view, swap, host_device), view
+def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
+    """Capture of ``tf.gradients`` built on a copy of the graph (the original untouched)."""
+    graph = ys[0].graph
+    scratch = tf.Graph()
+    with scratch.as_default():
+        tf.graph_util.import_graph_def(graph.as_graph_def(), name="")
+
+    def local(t):
+        return None if t is None else scratch.get_tensor_by_name(t.name)
+
+    s_ys, s_xs, s_grad_ys = [local(t) for t in ys], [local(t) for t in xs], \
+        [local(g) for g in grad_ys]
+    grads, created = rewrite.build_backward(s_ys, s_xs, s_grad_ys, scope=scope, **tf_options)
+    seeds = rewrite.gradient_seeds(scratch, s_grad_ys, scope)
+    return scratch, capture_mod.capture(s_ys, s_xs, seeds, created, grads,
+                                        batch_size=batch_size)
 
 
 @tf.autograph.experimental.do_not_convert
-def gradients(ys, xs, grad_ys=None, *, checkpoints="auto", batch_size=None, swap=False,
-              host_device=None, memory_budget=None, unconnected_gradients="none",
-              name="ome_gradients", return_info=False):
+def capture_view(ys, xs, grad_ys=None, *, batch_size=None):
+    """The :class:`ome.graphview.GraphView` of ``tf.gradients(ys, xs, grad_ys)``, captured
+    from a copy of the graph (the graph itself is never touched): what every policy reads."""
+    ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
+    scope = ys[0].graph.unique_name("gradients", False)
+    return _scratch_view(ys, xs, grad_ys, scope, batch_size, {})[1]
+
+
+def _calls_functions(ys):
+    """Whether the forward pass holds function-calling ops (functional control flow):
+    their gradients register functions by name, so they cannot be built twice."""
+    seen, stack = set(), [y.op for y in ys]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if any(v.HasField("func") or (v.HasField("list") and v.list.func)
+               for v in op.node_def.attr.values()):
+            return True
+        stack.extend(t.op for t in op.inputs)
+    return False
+
+
+def _tf_options(gate_gradients, aggregation_method, stop_gradients, unconnected_gradients,
+                colocate_gradients_with_ops):
+    mode = getattr(unconnected_gradients, "value", unconnected_gradients)
+    if mode not in _UNCONNECTED:
+        raise errors.InvalidArgumentError(
+            f"unconnected_gradients must be 'none' or 'zero', got {unconnected_gradients!r}")
+    options = {"gate_gradients": gate_gradients, "aggregation_method": aggregation_method,
+               "unconnected_gradients": mode}
+    if stop_gradients is not None:
+        options["stop_gradients"] = [_graph_tensor(t, "stop_gradients entry")
+                                     for t in _as_list(stop_gradients)]
+    if colocate_gradients_with_ops is not None:
+        options["colocate_gradients_with_ops"] = colocate_gradients_with_ops
+    return options
+
+
+@tf.autograph.experimental.do_not_convert  # plain Python graph code, also in tf.function
+def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None, swap=False,
+         host_device=None, memory_budget=None, swap_ahead=1):
+    """The :class:`Plan` ``ome.gradients`` would follow, computed on a copy of the graph
+    (the graph itself is never touched)."""
+    ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
+    options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
+                       swap_ahead)
+    if _calls_functions(ys):
+        raise errors.UnsupportedGraphError(
+            "ome.plan cannot preview a graph with functional control flow (tf.while_loop, "
+            "tf.cond, function calls) in its forward pass: use "
+            "ome.gradients(..., return_info=True), which returns the plan it built")
+    scope = ys[0].graph.unique_name("ome_gradients", False)
+    scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size,
+                                  {"gate_gradients": False})
+    with scratch.as_default():
+        return make_policy_plan(view, options, scratch)
+
+
+@tf.autograph.experimental.do_not_convert
+def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
+              aggregation_method=None, stop_gradients=None, unconnected_gradients="none", *,
+              checkpoints="auto", pin=None, batch_size=None, swap=False, host_device=None,
+              memory_budget=None, swap_ahead=1, colocate_gradients_with_ops=None,
+              return_info=False):
     """Gradients of ``ys`` w.r.t. ``xs``, equal to ``tf.gradients``, in less memory.
 
     Parameters
     ----------
-    ys, xs, grad_ys : as in ``tf.gradients`` (graph mode). Variables in ``xs`` are allowed.
+    ys, xs, grad_ys, name, gate_gradients, aggregation_method, stop_gradients,
+    unconnected_gradients : as in ``tf.gradients`` (graph mode or inside ``tf.function``);
+        they are passed to ``tf.gradients`` itself, which builds the backward ops. Variables
+        (resource, reference, Keras 3) are accepted in ``xs``.
     checkpoints : "auto" (default: cuts of the graph, works without bottlenecks), "memory"
-        (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs), "collection"
-        (the graph collection "checkpoints"), or a list of tensors.
+        (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs, recompute the
+        cheap ops after them), "collection" (the graph collection "checkpoints"), "none"
+        (keep everything), a list of tensors to keep, or a policy: a function
+        ``(GraphView) -> Plan`` (the baselines are such functions).
+    pin : ``{tensor: "keep" | "recompute" | "swap"}``: decisions every policy honours.
     batch_size : resolves an unknown batch dimension when sizes matter.
-    swap : False, "auto" (the planner moves checkpoints to the host when the transfer
-        hides behind compute), or a list of checkpoint tensors to move to the host.
+    swap : False, "auto" (kept checkpoints whose transfer hides behind compute go to the
+        host), or a list of forward tensors to move to the host.
     host_device : where swapped tensors go; default "/device:CPU:0" with a GPU, else the
         emulated host "/device:CPU:1" (see ``ome.host.emulate_host``).
-    memory_budget : bytes or a string like "2GiB": choose keep/recompute/swap per tensor to
-        fit it at the least estimated added time (ignores ``checkpoints`` and ``swap``).
-    unconnected_gradients : "none" (None for unconnected xs, like tf.gradients) or "zero".
+    memory_budget : bytes or a string like "2GiB": keep / recompute / swap chosen so the
+        predicted device peak, variables included, fits it (ignores ``checkpoints``).
+    swap_ahead : backward steps a swap-in starts before its first reader.
     return_info : also return ``(plan, RewriteInfo)``.
 
     Example
     -------
     >>> grads = ome.gradients(loss, tf.compat.v1.trainable_variables())  # doctest: +SKIP
     """
-    if unconnected_gradients not in ("none", "zero"):
-        raise errors.InvalidArgumentError(
-            f"unconnected_gradients must be 'none' or 'zero', got {unconnected_gradients!r}")
     start = time.perf_counter()
-    xs_in = xs
+    tf_options = _tf_options(gate_gradients, aggregation_method, stop_gradients,
+                             unconnected_gradients, colocate_gradients_with_ops)
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
-    chosen, view = _make_plan(ys, xs, checkpoints, batch_size, swap, host_device, memory_budget)
-    log.info("total checkpoints disconnected count : %d", len(chosen.checkpoints))
-    if chosen.swapped:
-        for name_ in chosen.checkpoints:
-            if name_ not in chosen.swapped:
-                log.info("checkpoints but not swap out to %s: %s", chosen.host_device, name_)
-    if not chosen.checkpoints and chosen.count(Decision.RECOMPUTE):
-        log.warning("checkpoints=%r found no checkpoint in this graph: recomputing without "
-                    "one saves no memory, so this is plain tf.gradients", chosen.policy)
-    if not chosen.checkpoints or (not chosen.swapped and chosen.count(Decision.RECOMPUTE) == 0):
-        grads, info = rewrite.plain_gradients(ys, xs, grad_ys, name=name), rewrite.RewriteInfo()
-    else:
-        real_copy = False
-        if chosen.swapped:
-            real_copy = host.needs_real_copy(chosen.host_device)
-        grads, info = rewrite.build_gradients(view, chosen, ys, xs, grad_ys,
-                                              real_copy=real_copy, name=name)
-    if unconnected_gradients == "zero":
-        grads = [_zeros_for(x) if g is None else g for g, x in zip(grads, _as_list(xs_in))]
-    log.info("ome.gradients: %d checkpoints, %d swapped, %d ops copied in %d segments, "
-             "%d ops added, %.3f s", len(chosen.checkpoints), len(info.swapped),
-             info.copied_ops, info.segments, info.added_ops, time.perf_counter() - start)
+    options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
+                       swap_ahead)
+    graph = ys[0].graph
+    scope = graph.unique_name(name or "gradients", False)
+    if options.can_fail() and not _calls_functions(ys):
+        scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size, tf_options)
+        with scratch.as_default():
+            make_policy_plan(view, options, scratch)  # raises here, on the copy
+    graph.unique_name(name or "gradients")  # claim the scope
+    grads, created = rewrite.build_backward(ys, xs, grad_ys, scope=scope, **tf_options)
+    seeds = rewrite.gradient_seeds(graph, grad_ys, scope)
+    view = capture_mod.capture(ys, xs, seeds, created, grads, batch_size=options.batch_size)
+    chosen = make_policy_plan(view, options, graph)
+    info = _apply(chosen, view, graph, scope)
+    info.backward_ops = len(created)
+    _log(chosen, info, time.perf_counter() - start)
     if return_info:
         return grads, (chosen, info)
     return grads
+
+
+def _apply(chosen, view, graph, scope):
+    if chosen.changes_nothing():
+        return rewrite.RewriteInfo()
+    real_copy = bool(chosen.swapped) and host.needs_real_copy(chosen.host_device)
+    return rewrite.apply(chosen, view, graph, real_copy=real_copy, scope=scope + "/ome")
+
+
+@tf.autograph.experimental.do_not_convert
+def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None):
+    """Gradients of ``ys`` w.r.t. ``xs`` built from a saved :class:`Plan` (e.g.
+    ``Plan.from_json``): its per-tensor decisions are scheduled on this graph's backward
+    pass. A plan made for another graph raises a clear error naming the first tensor this
+    graph lacks (graph unchanged)."""
+    if not isinstance(saved, Plan):
+        raise errors.InvalidTypeError(f"plan must be an ome.Plan, got {type(saved).__name__}")
+    ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
+    graph = ys[0].graph
+    for t in saved.tensors:
+        try:
+            graph.get_tensor_by_name(t.tensor)
+        except (KeyError, ValueError):
+            raise errors.InvalidArgumentError(
+                f"the plan names tensor {t.tensor!r}, which this graph does not have: it was "
+                "made for another graph") from None
+    if saved.host_device:
+        host.validate_host_device(saved.host_device)
+    scope = graph.unique_name(name, False)
+    decisions = saved.decisions()
+    reasons = {t.tensor: t.reason for t in saved.tensors}
+    if not _calls_functions(ys):
+        scratch, view = _scratch_view(ys, xs, grad_ys, scope, batch_size, {})
+        make_plan(view, decisions, reasons, saved.policy, host_device=saved.host_device,
+                  swap_ahead=saved.schedule.swap_ahead)
+    graph.unique_name(name)
+    grads, created = rewrite.build_backward(ys, xs, grad_ys, scope=scope)
+    seeds = rewrite.gradient_seeds(graph, grad_ys, scope)
+    view = capture_mod.capture(ys, xs, seeds, created, grads, batch_size=batch_size)
+    rebuilt = make_plan(view, decisions, reasons, saved.policy, checkpoints=saved.checkpoints,
+                        host_device=saved.host_device, swap_ahead=saved.schedule.swap_ahead)
+    _apply(rebuilt, view, graph, scope)
+    return grads
+
+
+def _log(chosen, info, seconds):
+    # The thesis's log line, followed by what it counts.
+    log.info("total checkpoints disconnected count : %d (checkpoint tensors kept or swapped)",
+             len(chosen.checkpoints))
+    if chosen.swapped:
+        log.info("%d tensors swap out to %s; %d checkpoints but not swap out",
+                 len(chosen.swapped), chosen.host_device,
+                 len(set(chosen.checkpoints) - set(chosen.swapped)))
+    if chosen.changes_nothing() and chosen.policy not in ("none", "budget:none"):
+        log.warning("checkpoints=%r changes nothing in this graph (no saved tensor can be "
+                    "recomputed or swapped): this is plain tf.gradients", chosen.policy)
+    log.info("ome.gradients: %s; %d ops copied in %d groups, %d reads re-pointed, %d ops "
+             "added to tf.gradients' %d, %.3f s", chosen.policy, info.copied_ops,
+             info.groups, info.rerouted, info.added_ops, info.backward_ops, seconds)

@@ -9,7 +9,9 @@ Figures come from TensorFlow's own accounting, never from an estimate:
   ``RunMetadata.step_stats`` are summed per device in time order.
 
 ``memory_cost = max_mem - mem_used`` follows the thesis's columns: the memory a step needs
-on top of what stays allocated (weights, optimizer slots).
+on top of what stays allocated (weights, optimizer slots). ``device_peak`` / ``host_peak``
+(see :func:`device_peaks`) split ``max_mem`` between the accelerator and the host, and
+``step_time_quartiles`` gives the spread of the timed steps around their median.
 """
 import dataclasses
 import logging
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DeviceMemory",
     "Measurement",
+    "device_peaks",
     "measure",
     "peak_from_records",
     "per_device_memory",
@@ -104,6 +107,30 @@ class Measurement:
         """``max_mem - mem_used``: what the step needs beyond what stays allocated."""
         return self.max_mem - self.mem_used
 
+    @property
+    def device_peak(self):
+        """The accelerator's peak in bytes (see :func:`device_peaks`)."""
+        return device_peaks(self.per_device, max_mem=self.max_mem)[0]
+
+    @property
+    def host_peak(self):
+        """The host's traced peak in bytes, or ``None`` (see :func:`device_peaks`)."""
+        return device_peaks(self.per_device, max_mem=self.max_mem)[1]
+
+    @property
+    def step_time_quartiles(self):
+        """``(q1, median, q3)`` of the timed steps' wall times, in seconds.
+
+        The interquartile range ``q3 - q1`` is the spread a step-time difference must exceed
+        to be a measured difference rather than noise. Quartiles use the inclusive method
+        (with 5 steps: the 2nd, 3rd and 4th fastest); one step gives three equal values.
+        """
+        times = sorted(self.step_times)
+        if len(times) < 2:
+            return (times[0],) * 3 if times else (self.step_time,) * 3
+        q1, median, q3 = statistics.quantiles(times, n=4, method="inclusive")
+        return q1, median, q3
+
     def to_dict(self):
         """A JSON-ready dict of every figure, ``memory_cost`` included."""
         return {
@@ -111,8 +138,11 @@ class Measurement:
             "max_mem": self.max_mem,
             "mem_used": self.mem_used,
             "memory_cost": self.memory_cost,
+            "device_peak": self.device_peak,
+            "host_peak": self.host_peak,
             "step_time": self.step_time,
             "step_times": list(self.step_times),
+            "step_time_quartiles": list(self.step_time_quartiles),
             "host_rss": self.host_rss,
             "per_device": (
                 None
@@ -185,7 +215,6 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         raise InvalidTypeError(f"trace must be a bool, got {type(trace).__name__}")
     stats_device = _stats_device(device)
     _memory_stats(stats_device)  # fail before running anything if there are no statistics
-
     for _ in range(warmup):
         _run(session, fetches, feed_dict, phase="warm-up")
 
@@ -262,6 +291,40 @@ def per_device_memory(run_metadata):
         name: DeviceMemory.from_records(device_records, allocators[name])
         for name, device_records in sorted(records.items())
     }
+
+
+def device_peaks(per_device, *, max_mem):
+    """``(device_peak, host_peak)`` in bytes: the accelerator's and the host's peak.
+
+    ``per_device`` maps device names to :class:`DeviceMemory` (or anything with ``.peak``):
+    the most bytes a traced step allocated on that device on top of what was already there;
+    ``None`` when the step was not traced. With a GPU, the accelerator has its own
+    allocator: ``device_peak`` is ``max_mem`` and the host is CPU:0. In host emulation the
+    accelerator (CPU:0) and host (CPU:1) share one allocator whose peak is ``max_mem``, so
+    ``device_peak`` is ``max_mem`` minus the host's traced peak. It is exact when nothing
+    goes to the host. With swapping it is a lower bound: the accelerator's true peak lies
+    between it and ``max_mem``, and equals it when the host copies are all live at the
+    allocator's peak (swapped out in the forward pass, brought back in the backward one).
+
+    The accelerator's own traced peak is not used: its allocation records miss
+    deallocations on rewritten graphs (tens of MiB still "live" at the end of a step whose
+    resident memory did not grow), so it overstates.
+
+    Examples
+    --------
+    >>> device_peaks({"/device:CPU:0": DeviceMemory(30, 0, 30),
+    ...               "/device:CPU:1": DeviceMemory(7, 0, 7)}, max_mem=140)
+    (133, 7)
+    """
+    peaks = {}
+    for name, stats in (per_device or {}).items():
+        for device in ("GPU:0", "CPU:0", "CPU:1"):
+            if str(name).upper().endswith(device):
+                peaks[device] = getattr(stats, "peak", None)
+    if "GPU:0" in peaks:
+        return max_mem, peaks.get("CPU:0")
+    host = peaks.get("CPU:1")
+    return max_mem - (host or 0), host
 
 
 def host_rss():

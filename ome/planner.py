@@ -1,26 +1,26 @@
-"""The OME planner: which checkpoints go to the host, and plans fitted to a memory budget.
+"""The OME planner: which tensors go to the host, and plans fitted to a memory budget.
 
-Pure Python over a :class:`ome.capture.GraphView`. The cost model (``CostModel``) gives
-each tensor its bytes, the time to rebuild it (estimated FLOPs / ``flops_per_s``), the time
-to move it (bytes / ``bandwidth``) and the overlap window (the compute between its swap-out
-in the forward pass and its use in backprop). ``ome.simulate`` predicts the device and host
-peaks of a plan, which the budget search uses; measurement remains the judge.
+Pure Python over a :class:`ome.graphview.GraphView`. ``CostModel`` turns a plan's added
+work into seconds: copied ops' FLOPs at ``flops_per_s``, and each swap's round trip at
+``bandwidth`` minus the compute it overlaps. ``ome.simulate`` replays the plan's schedule
+to predict the device peak; measurement remains the judge.
 """
 import dataclasses
 import logging
 import re
 
 from ome import errors, select, simulate
-from ome.plans import Decision
+from ome.plans import make_plan, with_estimates
+from ome.schedule import Decision
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """Machine speeds the planner assumes. ``bandwidth``: host<->device bytes/s (PCIe 3 x16
-    by default; ``ome.host.measure_bandwidth`` measures the emulated one); ``flops_per_s``:
-    the device's sustained compute."""
+    """Machine speeds the planner assumes. ``bandwidth``: host<->device bytes/s (PCIe 3
+    x16 by default; ``ome.host.measure_bandwidth`` measures the emulated one);
+    ``flops_per_s``: the device's sustained compute."""
 
     bandwidth: float = 12e9
     flops_per_s: float = 5e12
@@ -30,37 +30,47 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def parse_bytes(value):
-    """Bytes from an int or a string like ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``."""
+def parse_bytes(value, *, what="memory budget"):
+    """Bytes from a number or a string like ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"0.5"``.
+
+    The only byte parser in ome: budgets, LMS's thresholds and the benchmark use it.
+    """
     if isinstance(value, bool):
-        raise errors.BudgetError(f"memory budget must be bytes or a string, got {value!r}")
+        raise errors.BudgetError(f"{what} must be bytes or a string, got {value!r}")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise errors.BudgetError(f"memory budget must be positive, got {value!r}")
-        return int(value)
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise errors.BudgetError(
-            f"cannot parse memory budget {value!r}: use bytes or a number with a unit "
-            f"({', '.join(u for u in ['KiB', 'MiB', 'GiB', 'KB', 'MB', 'GB'])})")
-    size = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if size <= 0:
-        raise errors.BudgetError(f"memory budget must be positive, got {value!r}")
+        size = value
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise errors.BudgetError(
+                f"cannot parse {what} {value!r}: use bytes or a number with a unit "
+                "(KiB, MiB, GiB, KB, MB, GB)")
+        size = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if size < 1:
+        raise errors.BudgetError(f"{what} must be at least one byte, got {value!r}")
     return int(size)
 
 
-def _recompute_seconds(view, plan, model):
-    recomputed = {view.tensors[t.tensor].op for t in plan.tensors
-                  if t.decision == Decision.RECOMPUTE}
-    recomputed |= {view.tensors[c].op for c in plan.checkpoints}  # segment seeds run again
-    return sum(view.ops[op].cost for op in recomputed) / model.flops_per_s
+def format_bytes(n):
+    """``n`` bytes in a unit that shows it (B, KiB, MiB, GiB)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def added_seconds(view, plan, model):
+    """Seconds ``plan`` adds to a step under ``model``."""
+    prediction = simulate.simulate(view, plan)
+    seconds = prediction.recompute_flops / model.flops_per_s
+    return seconds + sum(swap_cost(view, s.tensor, model) for s in plan.schedule.swaps)
 
 
 def _window_seconds(view, name, model):
-    """Compute time between a tensor's swap-out and its use in backprop: the forward ops
-    after it, and about twice as much backward work down to it."""
-    start = view.produced_at(name)
-    after = sum(view.ops[op].cost for op in view.order[start + 1:])
+    """Compute between a tensor's swap-out and its first read in backprop: the forward
+    ops after it and about twice as much backward work down to it."""
+    start = view.position[view.tensors[name].op]
+    after = sum(view.ops[op].cost for op in view.forward[start + 1:])
     return 3.0 * after / model.flops_per_s
 
 
@@ -70,103 +80,127 @@ def swap_cost(view, name, model):
     return max(0.0, transfer - _window_seconds(view, name, model))
 
 
-def _swappable(view, plan):
-    """Float checkpoints outside the last segment (those are needed as backprop starts)."""
-    last = max((view.produced_at(c) for c in plan.checkpoints), default=-1)
-    return [c for c in plan.checkpoints
-            if view.tensors[c].is_float and view.produced_at(c) < last]
+def swappable(view, plan):
+    """Kept float tensors a swap could free: saved or read by a recomputation, and not
+    needed as soon as backprop starts (the last checkpoint stays)."""
+    decisions = plan.decisions()
+    kept = [t.tensor for t in plan.tensors if t.decision == Decision.KEEP
+            and view.tensors[t.tensor].is_float and not view.tensors[t.tensor].persistent
+            and view.tensors[t.tensor].bytes and t.tensor in plan.checkpoints]
+    if not kept:
+        return []
+    last = max(kept, key=lambda t: view.position[view.tensors[t].op])
+    allowed = []
+    for t in kept:
+        if t == last:
+            continue
+        try:
+            select.check_decision(view, t, Decision.SWAP)
+        except errors.InvalidArgumentError:
+            continue
+        allowed.append(t)
+    del decisions
+    return allowed
+
+
+def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
+    """``plan`` with tensors ``names`` moved to ``host_device``."""
+    decisions = plan.decisions()
+    reasons = {t.tensor: t.reason for t in plan.tensors}
+    for t in names:
+        decisions[t], reasons[t] = Decision.SWAP, reason
+    return make_plan(view, decisions, reasons, plan.policy, checkpoints=plan.checkpoints,
+                     host_device=host_device, swap_ahead=swap_ahead, estimates=plan.estimates)
 
 
 def swap_auto(view, plan, host_device, model=CostModel()):
-    """``plan`` with each checkpoint whose round trip hides behind compute moved to the
-    host (the last segment's checkpoints stay)."""
-    chosen = [c for c in _swappable(view, plan) if swap_cost(view, c, model) == 0.0]
+    """``plan`` with each checkpoint whose round trip hides behind compute on the host."""
+    chosen = [t for t in swappable(view, plan) if swap_cost(view, t, model) == 0.0]
     if not chosen:
         log.info("swap='auto': no checkpoint's transfer hides behind compute; none swapped")
-    result = plan.with_swaps(chosen, host_device, reason="transfer hidden behind compute")
-    return _with_estimates(view, result, model)
+        return plan
+    return with_swaps(view, plan, chosen, host_device, reason="transfer hidden behind compute")
 
 
-def _with_estimates(view, plan, model):
-    peaks = simulate.simulate(view, plan)
-    added = _recompute_seconds(view, plan, model) + sum(
-        swap_cost(view, s, model) for s in plan.swapped)
-    estimates = dict(plan.estimates, device_peak=float(peaks.device_peak),
-                     host_peak=float(peaks.host_peak), added_seconds=added)
-    return dataclasses.replace(plan, estimates=estimates)
+def with_predictions(view, plan, model=CostModel(), static_bytes=0):
+    """``plan`` with its simulated peaks and estimated added seconds in ``estimates``."""
+    prediction = simulate.simulate(view, plan)
+    return with_estimates(plan, device_peak=float(prediction.device_peak + static_bytes),
+                          host_peak=float(prediction.host_peak),
+                          added_seconds=added_seconds(view, plan, model))
 
 
-def _keep_everything(view):
-    plan = select.plan_from_checkpoints(view, [], "budget")
-    tensors = tuple(dataclasses.replace(t, decision=Decision.KEEP, reason="fits the budget")
-                    for t in plan.tensors)
-    return dataclasses.replace(plan, tensors=tensors)
+# Share of a budget the planner leaves free for the executor's run-to-run variation.
+HEADROOM = 0.05
 
 
-# Share of a budget the planner leaves free: its predictions run up to ~15% low, and the
-# executor's order moves a measured peak by a few percent from run to run.
-HEADROOM = 0.15
-
-
-def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=CostModel()):
-    """Keep / recompute / swap per tensor so the predicted device peak fits ``budget``.
+def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=CostModel(),
+               pins=None):
+    """Keep / recompute / swap per tensor so the simulated device peak fits ``budget``.
 
     Options are tried from cheapest to dearest in added time: keep everything (plain
     backprop); recompute between as few cuts as fit; the same with the checkpoints whose
-    transfer hides behind compute on the host; with every checkpoint but the last segment's
-    on the host. ``static_bytes`` (weights, optimizer slots, gradients) is subtracted first,
-    and ``HEADROOM`` of the budget is left free for the prediction's error.
-    Raises :class:`BudgetError` naming the smallest reachable peak when nothing fits.
+    transfer hides behind compute on the host; with every checkpoint but the last on the
+    host. ``static_bytes`` (variables and optimizer slots) count against the budget;
+    ``HEADROOM`` of it is left free. Raises :class:`BudgetError` naming the smallest
+    reachable peak when nothing fits.
     """
     budget = parse_bytes(budget)
     limit = budget * (1 - HEADROOM) - static_bytes
     if limit <= 0:
         raise errors.BudgetError(
-            f"cannot fit in {budget / 2**20:.1f} MiB: the weights, their gradients and "
-            f"optimizer state alone take {static_bytes / 2**20:.1f} MiB")
-    everything = _keep_everything(view)
-    if simulate.simulate(view, everything).device_peak <= limit:
-        return _with_estimates(view, everything, model)
-    swap_options = [("recompute", lambda plan: _with_estimates(view, plan, model))]
+            f"cannot fit in {format_bytes(budget)}: the variables and optimizer state alone "
+            f"take {format_bytes(static_bytes)}")
+
+    def peak(plan):
+        return simulate.simulate(view, plan).device_peak
+
+    everything = select.keep_all(view, pins=pins, host_device=host_device)
+    if peak(everything) <= limit:
+        return _chosen(view, everything, "budget:none", budget, model, static_bytes)
+    options = [("recompute", lambda plan: plan)]
     if host_device is not None:
-        swap_options += [
+        options += [
             ("recompute+swap", lambda plan: swap_auto(view, plan, host_device, model)),
-            ("recompute+swap-all", lambda plan: _with_estimates(view, plan.with_swaps(
-                _swappable(view, plan), host_device, reason="budget needs it on the host"),
-                model))]
-    base = select.auto(view)
+            ("recompute+swap-all", lambda plan: with_swaps(
+                view, plan, swappable(view, plan), host_device,
+                reason="the budget needs it on the host"))]
+    base = select.auto(view, pins=pins, host_device=host_device)
     smallest = None
-    for label, with_swaps in swap_options:
-        tightest = with_swaps(base)
-        peak = tightest.estimates["device_peak"]
-        smallest = peak if smallest is None else min(smallest, peak)
-        if peak <= limit:
-            plan = dataclasses.replace(_fewest_cuts(view, limit, with_swaps, tightest),
-                                       policy=f"budget:{label}")
-            log.info("memory_budget %.1f MiB: %s, predicted device peak %.1f MiB",
-                     budget / 2**20, label, plan.estimates["device_peak"] / 2**20 +
-                     static_bytes / 2**20)
-            return plan
+    for label, add_swaps in options:
+        tightest = add_swaps(base)
+        reached = peak(tightest)
+        smallest = reached if smallest is None else min(smallest, reached)
+        if reached <= limit:
+            plan = _fewest_cuts(view, limit, add_swaps, tightest, peak, pins)
+            return _chosen(view, plan, f"budget:{label}", budget, model, static_bytes)
+    reachable = (smallest + static_bytes) / (1 - HEADROOM)
     raise errors.BudgetError(
-        f"cannot fit in {budget / 2**20:.1f} MiB; smallest reachable is "
-        f"{(smallest + static_bytes) / (1 - HEADROOM) / 2**20:.1f} MiB (predicted"
+        f"cannot fit in {format_bytes(budget)}; the smallest reachable is "
+        f"{format_bytes(reachable)} (predicted, variables included"
         f"{', without a host device to swap to' if host_device is None else ''})")
 
 
-def _fewest_cuts(view, limit, with_swaps, tightest):
-    """The plan with the fewest cuts whose predicted peak fits ``limit``, starting from
-    ``tightest`` (the smallest-peak plan, which fits); ``with_swaps`` adds the swaps."""
+def _chosen(view, plan, policy, budget, model, static_bytes):
+    plan = with_predictions(view, dataclasses.replace(plan, policy=policy), model, static_bytes)
+    log.info("memory_budget %s: %s, predicted device peak %s", format_bytes(budget), policy,
+             format_bytes(plan.estimates["device_peak"]))
+    return plan
+
+
+def _fewest_cuts(view, limit, add_swaps, tightest, peak, pins):
+    """The plan with the fewest cuts whose simulated peak fits ``limit``, starting from
+    ``tightest`` (the smallest-peak plan, which fits)."""
     best = tightest
-    # Fewer cuts keep fewer checkpoints on the device only up to a point; walk the
-    # segment-size limit upwards while the prediction still fits.
-    low, high = best.estimates.get("estimated_activation_peak", 0.0), float(
-        sum(view.tensor_bytes(n) for n in view.candidates()))
-    for _ in range(20):
+    low = tightest.estimates.get("estimated_activation_peak", 0.0)
+    high = float(sum(view.tensor_bytes(t) for t in select.Region(view).candidates))
+    for _ in range(16):
         if high - low <= max(1.0, 1e-2 * high):
             break
         middle = (low + high) / 2
-        candidate = with_swaps(select.auto(view, limit=middle))
-        if candidate.estimates["device_peak"] <= limit:
+        candidate = add_swaps(select.auto(view, limit=middle, pins=pins,
+                                          host_device=tightest.host_device))
+        if peak(candidate) <= limit:
             best, low = candidate, middle
         else:
             high = middle

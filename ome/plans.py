@@ -1,20 +1,19 @@
-"""Plans: what happens to every tensor of the forward region, as plain data.
+"""Plans: the decision for every tensor that matters, and the schedule that builds them.
 
-A :class:`Plan` is frozen, prints as a table and round-trips through JSON. Policies produce
-it; ``ome.rewrite`` consumes it; nothing else edits a graph.
+A :class:`Plan` is frozen plain data. Policies produce it (``ome.select``,
+``ome.planner``, ``baselines``); ``ome.rewrite`` builds exactly its schedule;
+``ome.simulate`` replays the same schedule. It prints as a table (:func:`explain`) and
+round-trips through JSON, so a saved plan can be applied to the same graph later.
 """
-import enum
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional, Tuple
 
+from ome import errors
+from ome import schedule as schedule_mod
+from ome.schedule import Decision, Schedule
 
-class Decision(str, enum.Enum):
-    """What happens to one forward tensor during backprop."""
-
-    KEEP = "keep"  # stays in device memory from the forward pass to its last use
-    RECOMPUTE = "recompute"  # freed after the forward pass, rebuilt from checkpoints
-    SWAP = "swap"  # copied to host memory after the forward pass, copied back before use
+__all__ = ["Decision", "Plan", "TensorPlan", "explain", "make_plan"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,7 @@ class TensorPlan:
 
     tensor: str
     op_type: str
-    shape: Tuple[Optional[int], ...]
+    shape: Optional[Tuple[Optional[int], ...]]
     bytes: Optional[int]
     decision: Decision
     reason: str
@@ -31,22 +30,37 @@ class TensorPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """Checkpoints (kept or swapped) and everything else recomputed, for one region.
+    """Per-tensor decisions for one ``tf.gradients`` call, and their schedule.
 
-    ``checkpoints`` are the tensors the recomputation restarts from, in topological order;
-    ``swapped`` is the subset moved to ``host_device``; ``tensors`` lists every forward
-    tensor's decision. ``estimates`` carries a policy's predictions (bytes, seconds).
+    ``tensors`` lists every saved forward tensor (backprop reads it) and every tensor a
+    recomputation reads or rebuilds. ``checkpoints`` are the tensors the policy chose to
+    keep (or swap) as restart points; ``swapped`` those moved to ``host_device``.
+    ``estimates`` holds predictions (bytes, seconds) from ``ome.simulate``.
     """
 
     policy: str
-    checkpoints: Tuple[str, ...]
+    xs: Tuple[str, ...]
+    ys: Tuple[str, ...]
     tensors: Tuple[TensorPlan, ...]
-    swapped: Tuple[str, ...] = ()
+    schedule: Schedule
+    checkpoints: Tuple[str, ...] = ()
     host_device: Optional[str] = None
     estimates: Dict[str, float] = field(default_factory=dict)
 
+    @property
+    def swapped(self):
+        return tuple(s.tensor for s in self.schedule.swaps)
+
+    @property
+    def recomputed(self):
+        """Tensors whose copies backprop reads."""
+        return tuple(t for g in self.schedule.groups for t in g.outputs)
+
+    def decisions(self):
+        """``{tensor: Decision}`` for every listed tensor."""
+        return {t.tensor: t.decision for t in self.tensors}
+
     def decision(self, tensor):
-        """The :class:`Decision` for tensor name ``tensor``."""
         for t in self.tensors:
             if t.tensor == tensor:
                 return t.decision
@@ -55,13 +69,8 @@ class Plan:
     def count(self, decision):
         return sum(1 for t in self.tensors if t.decision == decision)
 
-    def with_swaps(self, names, host_device, *, reason):
-        """This plan with checkpoints ``names`` moved to ``host_device``."""
-        chosen = set(names)
-        tensors = tuple(replace(t, decision=Decision.SWAP, reason=reason)
-                        if t.tensor in chosen else t for t in self.tensors)
-        return replace(self, tensors=tensors, host_device=host_device,
-                       swapped=tuple(n for n in self.checkpoints if n in chosen))
+    def changes_nothing(self):
+        return self.schedule.is_empty()
 
     def to_json(self):
         data = asdict(self)
@@ -71,32 +80,89 @@ class Plan:
     @classmethod
     def from_json(cls, text):
         data = json.loads(text)
-        tensors = tuple(
-            TensorPlan(**dict(t, shape=tuple(t["shape"]), decision=Decision(t["decision"])))
-            for t in data.pop("tensors"))
-        return cls(tensors=tensors, checkpoints=tuple(data.pop("checkpoints")),
-                   swapped=tuple(data.pop("swapped")), **data)
+        tensors = tuple(TensorPlan(**dict(
+            t, shape=None if t["shape"] is None else tuple(t["shape"]),
+            decision=Decision(t["decision"]))) for t in data.pop("tensors"))
+        return cls(tensors=tensors, schedule=Schedule.from_dict(data.pop("schedule")),
+                   xs=tuple(data.pop("xs")), ys=tuple(data.pop("ys")),
+                   checkpoints=tuple(data.pop("checkpoints")), **data)
 
     def __str__(self):
         return explain(self)
 
 
+def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=None,
+              swap_ahead=1, estimates=None):
+    """The :class:`Plan` for ``decisions`` ({tensor: Decision}) on ``view``.
+
+    ``reasons`` maps tensors to why they got their decision (a default is filled in).
+    The listed tensors are the saved ones plus those the schedule copies or reads.
+    """
+    built = schedule_mod.build(view, decisions, swap_ahead=swap_ahead)
+    if built.swaps and host_device is None:
+        raise errors.InternalError("a plan that swaps needs a host_device")
+    listed = set(view.saved())
+    for group in built.groups:
+        listed.update(group.boundaries)
+        for op in group.ops:
+            listed.update(view.ops[op].outputs)
+    listed.update(s.tensor for s in built.swaps)
+    rows = []
+    for op in view.forward:
+        for t in view.ops[op].outputs:
+            if t not in listed:
+                continue
+            info = view.tensors[t]
+            decision = decisions.get(t, Decision.KEEP)
+            rows.append(TensorPlan(t, view.ops[op].type, info.shape, info.bytes, decision,
+                                   reasons.get(t) or _default_reason(view, t, decision)))
+    return Plan(policy=policy, xs=view.xs, ys=view.ys, tensors=tuple(rows), schedule=built,
+                checkpoints=tuple(checkpoints), host_device=host_device if built.swaps else None,
+                estimates=dict(estimates or {}))
+
+
+def _default_reason(view, tensor, decision):
+    info = view.tensors[tensor]
+    op = view.ops[info.op]
+    if decision != Decision.KEEP:
+        return "policy"
+    if info.persistent:
+        return "held across steps anyway (variable, feed or constant)"
+    if not op.recomputable:
+        return op.reason
+    return "kept"
+
+
+def with_estimates(plan, **estimates):
+    return replace(plan, estimates=dict(plan.estimates, **estimates))
+
+
 def _mib(n):
-    return "?" if n is None else f"{n / 2**20:.2f}"
+    if n is None:
+        return "?"
+    return f"{n / 2**20:.2f}" if n >= 2**14 else f"{n / 2**10:.1f}K"
 
 
-def explain(plan, *, include_recomputed=True):
-    """A readable table: tensor, shape, MiB, decision, why. One line per tensor."""
-    rows = [t for t in plan.tensors if include_recomputed or t.decision != Decision.RECOMPUTE]
-    head = (f"Plan[{plan.policy}]: {len(plan.checkpoints)} checkpoints, "
-            f"{len(plan.swapped)} swapped to {plan.host_device or '-'}, "
-            f"{plan.count(Decision.RECOMPUTE)} recomputed")
+def explain(plan, *, include_kept=True):
+    """A readable table: tensor, shape, MiB, decision, why; then the schedule."""
+    sched = plan.schedule
+    head = (f"Plan[{plan.policy}]: {plan.count(Decision.KEEP)} kept, "
+            f"{len(plan.recomputed)} recomputed ({len(sched.copied_ops)} ops copied in "
+            f"{len(sched.groups)} groups), {len(plan.swapped)} swapped to "
+            f"{plan.host_device or '-'}")
     if plan.estimates:
         head += "; " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(plan.estimates.items()))
+    rows = [t for t in plan.tensors if include_kept or t.decision != Decision.KEEP]
     width = max([len(t.tensor) for t in rows] + [6])
     lines = [head, f"{'tensor':<{width}}  {'shape':<20} {'MiB':>9}  {'decision':<9} why"]
     for t in rows:
-        shape = "x".join("?" if d is None else str(d) for d in t.shape) or "scalar"
+        shape = "?" if t.shape is None else (
+            "x".join("?" if d is None else str(d) for d in t.shape) or "scalar")
         lines.append(f"{t.tensor:<{width}}  {shape:<20} {_mib(t.bytes):>9}  "
                      f"{t.decision.value:<9} {t.reason}")
+    for i, g in enumerate(sched.groups):
+        lines.append(f"recompute group {i}: {len(g.ops)} ops after {g.after}, from "
+                     f"{len(g.boundaries)} boundaries, for {len(g.outputs)} tensors")
+    for s in sched.swaps:
+        lines.append(f"swap {s.tensor}: back after {s.after}, for {len(s.readers)} readers")
     return "\n".join(lines)

@@ -1,113 +1,166 @@
-"""Checkpoint selection policies: functions ``(view, **options) -> Plan``.
+"""Checkpoint policies: functions ``(view, **options) -> Plan``.
 
-Every policy reads a :class:`ome.capture.GraphView` (no TensorFlow) and returns a
-:class:`ome.plan.Plan` whose checkpoints are kept and whose other tensors are recomputed.
-``POLICIES`` is the registry ``ome.gradients(checkpoints=...)`` dispatches through.
-See docs/ALGORITHM.md for the "auto" algorithm.
+Each reads a :class:`ome.graphview.GraphView` (no TensorFlow). A checkpoint policy keeps
+its checkpoints and recomputes every other recomputable tensor of the *region* (the
+forward ops between ``xs`` and ``ys``); tensors that cannot be recomputed are kept.
+``POLICIES`` is the registry ``ome.gradients(checkpoints=...)`` dispatches through; every
+policy honours user pins (:func:`apply_pins`). See docs/ALGORITHM.md.
 """
 import math
 
 import numpy as np
 
 from ome import errors
-from ome.plans import Decision, Plan, TensorPlan
+from ome.plans import make_plan
+from ome.schedule import Decision, check_decision, forced_keep
 
 # OpenAI's library ignored tensors this small (elements) when looking for bottlenecks.
 MIN_CHECKPOINT_ELEMENTS = 1024
-_SPEED_OP_TYPES = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul",
-                             "BatchMatMul", "BatchMatMulV2"})
+SPEED_OP_TYPES = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul",
+                            "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+PIN_VALUES = {d.value: d for d in Decision}
 
 
-def plan_from_checkpoints(view, checkpoints, policy, *, reason="checkpoint", estimates=None):
-    """The Plan that keeps ``checkpoints`` and recomputes every other recomputable tensor."""
+class Region:
+    """The region's ops in forward order, with the positions the cut policies use."""
+
+    def __init__(self, view):
+        self.view = view
+        self.order = [op for op in view.forward if op in view.region]
+        self.position = {op: i for i, op in enumerate(self.order)}
+        ys = set(view.ys)
+        self.candidates = [t for op in self.order if view.ops[op].recomputable
+                           for t in view.ops[op].outputs
+                           if t not in ys and self._region_consumers(t)]
+
+    def _region_consumers(self, t):
+        return [c for c in self.view.consumers[t] if c in self.position]
+
+    def produced_at(self, t):
+        op = self.view.tensors[t].op
+        return self.position.get(op, -1)
+
+    def last_use(self, t):
+        uses = [self.position[c] for c in self._region_consumers(t)]
+        return max(uses) if uses else self.produced_at(t)
+
+    def live_after(self, counted, position):
+        return [t for t in counted if self.produced_at(t) <= position < self.last_use(t)]
+
+
+def recompute_plan(view, checkpoints, policy, *, reason="checkpoint", pins=None,
+                   estimates=None, host_device=None):
+    """The Plan keeping ``checkpoints`` and recomputing every other recomputable region
+    tensor (pins override both)."""
     chosen = set(checkpoints)
-    ys = set(view.ys)
-    rows = []
-    for op_name in view.order:
-        op = view.ops[op_name]
-        for name in op.outputs:
-            t = view.tensors[name]
-            if name in chosen:
-                decision, why = Decision.KEEP, reason
-            elif not op.recomputable:
-                decision, why = Decision.KEEP, f"{op.type} is not recomputed: original reused"
-            elif name in ys:
-                decision, why = Decision.RECOMPUTE, "output (ys): rebuilt for its gradient"
+    keep = forced_keep(view)
+    decisions, reasons = {}, {}
+    for op in view.forward:
+        if op not in view.region or not view.ops[op].recomputable:
+            continue
+        for t in view.ops[op].outputs:
+            if t in chosen:
+                decisions[t], reasons[t] = Decision.KEEP, reason
+            elif t in keep:
+                decisions[t], reasons[t] = Decision.KEEP, keep[t]
             else:
-                decision, why = Decision.RECOMPUTE, "between checkpoints"
-            rows.append(TensorPlan(name, op.type, t.shape, t.bytes, decision, why))
-    ordered = tuple(sorted(chosen, key=view.produced_at))
-    return Plan(policy=policy, checkpoints=ordered, tensors=tuple(rows),
-                estimates=dict(estimates or {}))
+                decisions[t], reasons[t] = Decision.RECOMPUTE, "between checkpoints"
+    apply_pins(view, decisions, reasons, pins)
+    ordered = sorted(chosen, key=lambda t: view.position[view.tensors[t].op])
+    return make_plan(view, decisions, reasons, policy, checkpoints=ordered,
+                     estimates=estimates, host_device=host_device)
 
 
-def explicit(view, tensors):
+def apply_pins(view, decisions, reasons, pins):
+    """Overwrite ``decisions`` with the user's ``pins`` ({tensor: "keep"|...}), validated."""
+    for tensor, value in (pins or {}).items():
+        decision = PIN_VALUES.get(getattr(value, "value", value))
+        if decision is None:
+            raise errors.InvalidArgumentError(
+                f"pin for {tensor!r} is {value!r}; use one of {sorted(PIN_VALUES)}")
+        check_decision(view, tensor, decision, what="pin")
+        decisions[tensor], reasons[tensor] = decision, "pinned by the user"
+
+
+def keep_all(view, *, pins=None, host_device=None):
+    """Plain backprop: every tensor kept (pins still apply)."""
+    decisions, reasons = {}, {}
+    apply_pins(view, decisions, reasons, pins)
+    return make_plan(view, decisions, reasons, "none", host_device=host_device)
+
+
+def explicit(view, tensors, *, pins=None, policy="explicit", host_device=None):
     """The user's own checkpoint tensors (names), validated against the region."""
-    candidates = set(view.candidates())
     for name in tensors:
         if name in view.ys:
             raise errors.InvalidArgumentError(
                 f"checkpoint {name!r} is one of ys: a checkpoint must lie strictly between "
                 "xs and ys")
-        if name in view.xs:
-            continue  # already a boundary; nothing to keep
-        if name not in view.tensors:
+        info = view.tensors.get(name)
+        if info is None or view.ops[info.op].backward or info.op not in view.region:
             raise errors.InvalidArgumentError(
                 f"checkpoint {name!r} is outside the region between xs and ys: it must "
                 "depend on some xs and some ys must depend on it")
-        if name not in candidates:
-            raise errors.InvalidArgumentError(
-                f"checkpoint {name!r} is produced by a {view.ops[view.tensors[name].op].type} "
-                "op, which ome does not recompute; it is kept anyway, leave it out")
-    return plan_from_checkpoints(view, [n for n in tensors if n not in view.xs], "explicit")
+    return recompute_plan(view, tensors, policy, pins=pins, host_device=host_device)
 
 
-def speed(view):
-    """OpenAI's 'speed': keep every conv/matmul output, so only cheap ops are recomputed."""
-    chosen = [n for n in view.candidates() if view.ops[view.tensors[n].op].type in _SPEED_OP_TYPES]
-    return plan_from_checkpoints(view, chosen, "speed", reason="conv/matmul output")
+def speed(view, *, pins=None, host_device=None):
+    """OpenAI's 'speed': keep every conv/matmul output, recompute only the cheap ops
+    after them."""
+    chosen = [t for t in Region(view).candidates
+              if view.ops[view.tensors[t].op].type in SPEED_OP_TYPES]
+    return recompute_plan(view, chosen, "speed", reason="conv/matmul output", pins=pins,
+                          host_device=host_device)
 
 
-def _crossing(view, counted, weight):
-    """``out[i]``: total ``weight`` of the ``counted`` tensors made at or before position i
-    and still consumed after it, i.e. of the tensors a cut right after op i must keep."""
-    delta = np.zeros(len(view.order) + 1)
-    for name in counted:
-        start, end = view.produced_at(name), view.last_use(name)
+def _crossing(region, counted, weight):
+    """``out[i]``: total ``weight`` of the ``counted`` tensors made at or before position
+    i and still read after it, i.e. of the tensors a cut right after op i must keep."""
+    delta = np.zeros(len(region.order) + 1)
+    for t in counted:
+        start, end = region.produced_at(t), region.last_use(t)
         if end > start:
-            delta[max(start, 0)] += weight(name)
-            delta[end] -= weight(name)
+            delta[max(start, 0)] += weight(t)
+            delta[end] -= weight(t)
     return np.cumsum(delta)[:-1]
 
 
-def _live_after(view, counted, position):
-    """The ``counted`` tensors that cross the cut right after ``position``."""
-    return [n for n in counted if view.produced_at(n) <= position < view.last_use(n)]
-
-
-def bottlenecks(view):
+def bottlenecks(view, *, pins=None, host_device=None):
     """OpenAI's 'memory': tensors that separate the graph, thinned to about sqrt(N).
 
     A tensor is a bottleneck when it is the only large tensor crossing the cut right after
-    its producer; float ``xs`` still consumed later count as crossing (a path from an input
-    around the tensor). Raises :class:`NoBottleneckError` when there is none, as OpenAI's did.
+    its producer; float ``xs`` still read later count as crossing (a path from an input
+    around it). Raises :class:`NoBottleneckError` when there is none, as OpenAI's did.
     """
-    def large(info):
-        return info.is_float and (info.elements or 0) > MIN_CHECKPOINT_ELEMENTS
+    region = Region(view)
 
-    candidates = [n for n in view.candidates() if large(view.tensors[n])]
-    inputs = [n for n, info in view.inputs.items() if info.is_float]
-    crossing = _crossing(view, candidates + inputs, weight=lambda n: 1)
-    found = [n for n in candidates
-             if crossing[view.produced_at(n)] == 1 and view.last_use(n) > view.produced_at(n)]
+    def large(t):
+        info = view.tensors[t]
+        if info.bytes is None:
+            view.tensor_bytes(t)  # raises the clear unknown-size error
+        return info.is_float and info.bytes // max(1, _itemsize(info)) > MIN_CHECKPOINT_ELEMENTS
+
+    candidates = [t for t in region.candidates if large(t)]
+    inputs = [x for x in view.xs if x in view.tensors and view.tensors[x].is_float]
+    crossing = _crossing(region, candidates + inputs, weight=lambda t: 1)
+    found = [t for t in candidates
+             if crossing[region.produced_at(t)] == 1 and region.last_use(t) > region.produced_at(t)]
     if not found:
         raise errors.NoBottleneckError(
-            "no bottleneck tensors: no single tensor separates this graph (long skip "
-            "connections or dense connectivity); pass checkpoints='auto', 'speed' or a list")
+            "no bottleneck tensors: no single large tensor separates this graph (long skip "
+            "connections or dense connectivity), or it has none larger than "
+            f"{MIN_CHECKPOINT_ELEMENTS} elements; pass checkpoints='auto', 'speed' or a list")
     if len(found) > math.ceil(math.sqrt(len(candidates))):
         step = math.ceil(len(found) / math.sqrt(len(candidates)))
         found = found[step::step]
-    return plan_from_checkpoints(view, found, "memory", reason="bottleneck, sqrt(N) spacing")
+    return recompute_plan(view, found, "memory", reason="bottleneck, sqrt(N) spacing",
+                          pins=pins, host_device=host_device)
+
+
+def _itemsize(info):
+    return {"float16": 2, "bfloat16": 2, "float64": 8, "complex64": 8,
+            "complex128": 16, "int8": 1, "uint8": 1, "bool": 1, "int16": 2,
+            "int64": 8}.get(info.dtype, 4)
 
 
 def _greedy_cuts(limit, cumulative, frontier):
@@ -116,7 +169,6 @@ def _greedy_cuts(limit, cumulative, frontier):
     None when ``limit`` cannot be met."""
     cuts, kept, base, start = [], 0.0, 0.0, -1
     while True:
-        # First position whose segment would exceed the limit.
         over = int(np.searchsorted(cumulative, limit - kept + base, side="right"))
         if over >= len(cumulative):
             return cuts
@@ -131,48 +183,44 @@ def _greedy_cuts(limit, cumulative, frontier):
             return None
 
 
-def auto(view, *, limit=None):
+def auto(view, *, limit=None, pins=None, host_device=None):
     """ome's default: cuts of the graph (sets of tensors), spaced for a sqrt(n) peak.
 
     Works where no single tensor separates the graph (U-Net, DenseNet): every cut of a
-    topological order is a separator, so the policy picks cuts of few bytes, spaced so the
-    bytes kept at cuts plus the largest recomputed segment is smallest. docs/ALGORITHM.md.
-    ``limit``: instead of the smallest peak, the fewest cuts whose estimate stays under it.
+    topological order is a separator, so the policy picks cuts of few bytes, spaced so
+    the bytes kept at cuts plus the largest rebuilt segment is smallest. ``limit``:
+    instead of the smallest peak, the fewest cuts whose estimate stays under it.
     """
-    counted = view.candidates()
+    region = Region(view)
+    counted = region.candidates
     if not counted:
-        return plan_from_checkpoints(view, [], "auto")
-    frontier = _crossing(view, counted, weight=view.tensor_bytes)
-    # A rebuilt segment holds what its gradient reads; the rest is freed as it goes.
-    produced = np.zeros(len(view.order))
-    for name in counted:
-        if view.tensors[name].saved:
-            produced[view.produced_at(name)] += view.tensor_bytes(name)
+        return recompute_plan(view, [], "auto", pins=pins, host_device=host_device)
+    frontier = _crossing(region, counted, weight=view.tensor_bytes)
+    # A rebuilt segment holds what backprop reads of it; the rest is freed as it goes.
+    produced = np.zeros(len(region.order))
+    for t in counted:
+        if view.value_readers(t):
+            produced[region.produced_at(t)] += view.tensor_bytes(t)
     cumulative = np.cumsum(produced)
     found = None if limit is None else _greedy_cuts(limit, cumulative, frontier)
-    if found is not None:
-        return _plan_for_cuts(view, counted, found, limit)
-    # The smallest estimated peak any cut set reaches: bisect on it.
-    low, high = float(produced.max()), float(cumulative[-1])
-    cuts = []
-    for _ in range(40):
-        if high - low <= max(1.0, 1e-3 * high):
-            break
-        middle = (low + high) / 2
-        found = _greedy_cuts(middle, cumulative, frontier)
-        if found is None:
-            low = middle
-        else:
-            high, cuts = middle, found
-    return _plan_for_cuts(view, counted, cuts, high)
+    if found is None:
+        low, high = float(produced.max()), float(cumulative[-1])
+        found = []
+        for _ in range(40):
+            if high - low <= max(1.0, 1e-3 * high):
+                break
+            middle = (low + high) / 2
+            cuts = _greedy_cuts(middle, cumulative, frontier)
+            if cuts is None:
+                low = middle
+            else:
+                high, found = middle, cuts
+        limit = high
+    chosen = sorted({t for pos in found for t in region.live_after(counted, pos)},
+                    key=region.produced_at)
+    return recompute_plan(view, chosen, "auto", reason="in a cut of the graph", pins=pins,
+                          estimates={"cuts": len(found), "estimated_activation_peak": limit},
+                          host_device=host_device)
 
 
-def _plan_for_cuts(view, counted, cuts, peak):
-    chosen = sorted({name for pos in cuts for name in _live_after(view, counted, pos)},
-                    key=view.produced_at)
-    return plan_from_checkpoints(
-        view, chosen, "auto", reason="in a cut of the graph",
-        estimates={"cuts": len(cuts), "estimated_activation_peak": peak})
-
-
-POLICIES = {"auto": auto, "memory": bottlenecks, "speed": speed}
+POLICIES = {"auto": auto, "memory": bottlenecks, "speed": speed, "none": keep_all}

@@ -1,58 +1,182 @@
-"""Static simulator: replay a Plan over the execution order to predict memory peaks.
+"""Simulator: replay a Plan's schedule op by op and predict device and host memory.
 
-The model follows the rewrite's segment schedule. Backprop rebuilds the segments from the
-last to the first; while segment j is rebuilt the device holds every kept tensor made up to
-its end, the tensors it recomputes, the swapped checkpoints brought back for it or fetched
-ahead for the next one, and a gradient working set (twice its largest tensor). Only
-activations are predicted: weights, gradients of weights and optimizer state are the
-caller's ``static_bytes``. Tensors no gradient reads (``TensorInfo.saved``) are freed as
-soon as their consumers ran and count only when they are checkpoints. It is a prediction for planning; ``ome.measure`` is the judge.
+The replay follows :func:`ome.schedule.replay_order` and inserts each swap-in and each
+recompute group right after the op its triggers end with, exactly as the rewrite wires
+them. A tensor's buffer is allocated when its op runs and freed when its last reader in
+the replay has run, the way TensorFlow's executor frees by reference count. Views of a
+buffer (``Identity``, ``Reshape``...) share it; element-wise ops reuse an input buffer that
+they are the last reader of, as TensorFlow's kernels do. Memory held across steps
+(variables, feeds, constants) is not counted: ``static_bytes`` callers add it. Fetched
+tensors (``ys``, the gradients) stay to the end. It is a prediction for planning;
+``ome.measure`` is the judge.
 """
-import bisect
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Dict, List
 
-from ome.plans import Decision
+from ome import schedule as schedule_mod
+from ome.schedule import Decision
 
-# Outputs that alias memory held anyway (variables, feeds, constants): never counted.
-_ALIASES = frozenset({"ReadVariableOp", "VarHandleOp", "Const", "Placeholder",
-                      "PlaceholderWithDefault", "ResourceGather"})
+# Outputs that are views of their first input's buffer.
+ALIAS_OPS = frozenset({"Identity", "StopGradient", "Reshape", "Squeeze", "ExpandDims",
+                       "Snapshot", "PreventGradient", "EnsureShape", "Bitcast"})
+# Kernels that write their output into an input buffer they are the last reader of.
+FORWARDING_OPS = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "Tanh", "Sigmoid", "Exp", "Neg", "Square", "Sqrt",
+    "Rsqrt", "Sin", "Cos", "Abs", "Sign", "Log", "Softplus", "LeakyRelu", "Reciprocal",
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "Maximum", "Minimum", "SquaredDifference",
+    "BiasAdd", "AddN", "ReluGrad", "Relu6Grad", "TanhGrad", "SigmoidGrad", "EluGrad",
+    "LeakyReluGrad", "SoftplusGrad", "RsqrtGrad", "SqrtGrad"})
 
 
 @dataclass(frozen=True)
 class Prediction:
+    """Predicted bytes at the device peak and on the host; work the plan adds."""
+
     device_peak: int
     host_peak: int
-    segment_peaks: Tuple[int, ...]  # device bytes while each segment is rebuilt, first first
+    recompute_flops: float
+    swap_bytes: int
+    peak_at: str  # the op running at the device peak
+
+
+@dataclass
+class _Buffer:
+    size: int
+    readers: int  # reads still to come, over every tensor viewing this buffer
+    pinned: bool  # fetched or held across steps: never freed
 
 
 def simulate(view, plan):
-    """Predicted device and host activation peaks of ``plan`` on ``view``."""
-    cuts = sorted({view.produced_at(c) for c in plan.checkpoints})
-    segments = len(cuts) + 1
-    kept_upto = [0] * segments  # kept bytes made in each segment
-    recomputed = [0] * segments
-    largest = [0] * segments
-    swapped = [0] * segments
-    held = set(plan.checkpoints)
-    for t in plan.tensors:
-        info = view.tensors.get(t.tensor)
-        if info is None or view.ops[info.op].type in _ALIASES or not t.bytes:
-            continue
-        if not info.saved and t.tensor not in held:
-            continue  # no gradient reads it: freed as soon as its consumers ran
-        j = bisect.bisect_left(cuts, view.produced_at(t.tensor))
-        largest[j] = max(largest[j], t.bytes)
-        if t.decision == Decision.KEEP:
-            kept_upto[j] += t.bytes
-        elif t.decision == Decision.RECOMPUTE:
-            recomputed[j] += t.bytes
-        else:
-            swapped[j] += t.bytes
-    peaks, kept = [], 0
-    for j in range(segments):
-        kept += kept_upto[j]
-        back = swapped[j] + (swapped[j - 1] if j > 0 else 0)
-        peaks.append(kept + recomputed[j] + back + 2 * largest[j])
-    return Prediction(device_peak=max(peaks), host_peak=sum(swapped),
-                      segment_peaks=tuple(peaks))
+    """Replay ``plan``'s schedule over ``view``: a :class:`Prediction`."""
+    sched = plan.schedule
+    decisions = plan.decisions()
+    events = _events(view, sched)
+    reads = _reads(view, sched, decisions)
+    remaining: Dict[str, int] = {}
+    for reader_reads in reads.values():
+        for key in reader_reads:
+            remaining[key] = remaining.get(key, 0) + 1
+    fetched = set(view.ys) | {g for g in view.grads if g}
+    buffers: Dict[str, _Buffer] = {}
+    owner: Dict[str, str] = {}  # tensor key -> buffer id
+    live = host = peak = 0
+    peak_at = ""
+    for kind, name in events:
+        inputs = reads.get((kind, name), [])
+        for key in _outputs(view, kind, name):
+            tensor = key.split("@", 1)[-1]
+            info = view.tensors[tensor]
+            size = 0 if info.persistent or not info.bytes else info.bytes
+            source = _view_source(view, kind, name, inputs)
+            if kind == "swap_out":
+                host += size
+                continue
+            if source is not None and source in owner:
+                buffer_id = owner[source]
+                buffers[buffer_id].readers += remaining.get(key, 0)
+            else:
+                reuse = _forwardable(view, kind, name, inputs, owner, buffers, size)
+                if reuse is not None:
+                    buffer_id = reuse
+                    buffers[buffer_id].readers += remaining.get(key, 0)
+                else:
+                    buffer_id = key
+                    buffers[key] = _Buffer(size, remaining.get(key, 0),
+                                           pinned=info.persistent or tensor in fetched
+                                           and kind == "op")
+                    live += size
+            owner[key] = buffer_id
+        if live > peak:
+            peak, peak_at = live, name
+        for key in inputs:
+            buffer = buffers.get(owner.get(key))
+            if buffer is None:
+                continue
+            buffer.readers -= 1
+            if buffer.readers <= 0 and not buffer.pinned:
+                live -= buffer.size
+                buffer.size = 0
+        for key in _outputs(view, kind, name):  # nothing reads it: freed at once
+            buffer = buffers.get(owner.get(key))
+            if buffer is not None and buffer.readers <= 0 and not buffer.pinned:
+                live -= buffer.size
+                buffer.size = 0
+    flops = sum(view.ops[op].cost for op in sched.copied_ops)
+    swap_bytes = sum(view.tensors[s.tensor].bytes or 0 for s in sched.swaps)
+    return Prediction(device_peak=peak, host_peak=host, recompute_flops=flops,
+                      swap_bytes=swap_bytes, peak_at=peak_at)
+
+
+def _events(view, sched):
+    """``(kind, name)`` in replay order: ops, swap-outs after producers, then swap-ins and
+    copies right after their anchors."""
+    swapped = {view.tensors[s.tensor].op: [] for s in sched.swaps}
+    for s in sched.swaps:
+        swapped[view.tensors[s.tensor].op].append(s.tensor)
+    after: Dict[str, List] = {}
+    for s in sched.swaps:
+        after.setdefault(s.after, []).append(("swap_in", s.tensor))
+    for g in sched.groups:
+        after.setdefault(g.after, []).extend(("copy", op) for op in g.ops)
+    events = []
+    for name in schedule_mod.replay_order(view, sched.deferred):
+        events.append(("op", name))
+        events.extend(("swap_out", t) for t in swapped.get(name, ()))
+        events.extend(after.get(name, ()))
+    return events
+
+
+def _key(kind, tensor):
+    return tensor if kind == "op" else f"{kind}@{tensor}"
+
+
+def _outputs(view, kind, name):
+    if kind in ("op", "copy"):
+        return [_key(kind, t) for t in view.ops[name].outputs]
+    return [_key(kind, name)]
+
+
+def _reads(view, sched, decisions):
+    """For each event, the tensor keys it reads (one entry per read)."""
+    rerouted = {}
+    for reader, tensor in sched.reroutes:
+        kind = "swap_in" if decisions.get(tensor) == Decision.SWAP else "copy"
+        rerouted[(reader, tensor)] = _key(kind, tensor)
+    copied = set(sched.copied_ops)
+    swapped = {s.tensor for s in sched.swaps}
+    reads = {}
+    for name in view.forward + view.backward:
+        reads[("op", name)] = [rerouted.get((name, t), t) for t in view.ops[name].inputs]
+    for op in copied:
+        keys = []
+        for t in view.ops[op].inputs:
+            if view.tensors[t].op in copied and decisions.get(t) == Decision.RECOMPUTE:
+                keys.append(_key("copy", t))
+            elif t in swapped:
+                keys.append(_key("swap_in", t))
+            else:
+                keys.append(t)
+        reads[("copy", op)] = keys
+    for t in swapped:
+        reads[("swap_out", t)] = [t]
+        reads[("swap_in", t)] = [_key("swap_out", t)]
+    return reads
+
+
+def _view_source(view, kind, name, inputs):
+    if kind in ("op", "copy") and view.ops[name].type in ALIAS_OPS and inputs:
+        return inputs[0]
+    return None
+
+
+def _forwardable(view, kind, name, inputs, owner, buffers, size):
+    """The id of an input buffer this op writes its output into, if any."""
+    if kind not in ("op", "copy") or view.ops[name].type not in FORWARDING_OPS:
+        return None
+    for key in inputs:
+        buffer_id = owner.get(key)
+        buffer = buffers.get(buffer_id)
+        if buffer is not None and not buffer.pinned and buffer.size == size and \
+                buffer.readers == inputs.count(key):
+            return buffer_id
+    return None

@@ -1,33 +1,52 @@
-"""Tests of benchmark.py and benchmark_lib: pure helpers first, then the CLI, then one real run."""
+"""Tests of benchmark.py and benchmark_lib: pure modules first, then the command line, the
+worker processes, and one real run (marked slow)."""
+import argparse
 import csv
+import dataclasses
+import io
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 import benchmark
-from benchmark_lib import count_of, device_peaks, parse_bytes, results as res
+from benchmark_lib import catalog, cli, config, plots, progress, protocol, report, resume, runner
 from benchmark_lib.bisect import largest_fitting
+from benchmark_lib.config import ConfigError, RunKey
+from benchmark_lib.modes import all_modes, max_batch, simulator_check
+from benchmark_lib.pool import Pool, WorkerFailed
+from benchmark_lib.storage import COLUMNS, MaxBatchResult, ResultsFolder, Row
+from benchmark_lib.units import parse_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 2**20
 
+
+def _row(strategy, model="resnet50", batch=4, status="ok", peak=200 * MiB, cost=100 * MiB,
+         time_s=1.0, spread=0.0, image=64, reason=None, **extra):
+    """A row as a worker would report it; ``spread`` is the IQR in seconds."""
+    if status != "ok":
+        return Row(model=model, strategy=strategy, batch_size=batch, image_size=image,
+                   status=status, reason=reason, **extra)
+    return Row(model=model, strategy=strategy, batch_size=batch, image_size=image, status="ok",
+               device_peak_bytes=peak, max_mem_bytes=peak, mem_used_bytes=peak - cost,
+               memory_cost_bytes=cost, host_rss_bytes=900 * MiB, step_time_s=time_s,
+               step_time_q1_s=time_s - spread / 2, step_time_q3_s=time_s + spread / 2,
+               timed_steps=5, images_per_s=batch / time_s, rewrite_time_s=0.5, **extra)
+
+
 # ----------------------------------------------------------------------------------------
-# Budget parsing
+# Sizes and the batch search
 # ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("1048576", 1048576),
-    ("2GiB", 2 * 2**30),
-    ("512MiB", 512 * MiB),
-    ("1.5GB", 1_500_000_000),
-    ("1.5 gib", 3 * 2**29),
-    (" 64kb ", 64_000),
-    ("0.5KiB", 512),
-    ("3TB", 3 * 10**12),
+    ("1048576", 1048576), ("2GiB", 2 * 2**30), ("512MiB", 512 * MiB), ("1.5GB", 1_500_000_000),
+    ("1.5 gib", 3 * 2**29), (" 64kb ", 64_000), ("0.5KiB", 512), ("3TB", 3 * 10**12),
     ("100B", 100),
 ])
 def test_parse_bytes_accepts_bytes_and_units(text, expected):
@@ -35,24 +54,13 @@ def test_parse_bytes_accepts_bytes_and_units(text, expected):
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("", "cannot parse"),
-    ("lots", "cannot parse"),
-    ("-1GiB", "cannot parse"),
-    ("1e9", "cannot parse"),
-    ("2XB", "unknown unit"),
-    ("GiB", "cannot parse"),
-    ("1.5", "fraction of a byte"),
-    ("0", "must be positive"),
-    ("0.1B", "fraction of a byte"),
+    ("", "cannot parse"), ("lots", "cannot parse"), ("-1GiB", "cannot parse"),
+    ("1e9", "cannot parse"), ("2XB", "unknown unit"), ("GiB", "cannot parse"),
+    ("1.5", "fraction of a byte"), ("0", "must be positive"), ("0.1B", "fraction of a byte"),
 ])
 def test_parse_bytes_rejects_bad_sizes_with_a_hint(text, fragment):
     with pytest.raises(ValueError, match=fragment):
         parse_bytes(text)
-
-
-# ----------------------------------------------------------------------------------------
-# Bisection
-# ----------------------------------------------------------------------------------------
 
 
 def _counting(limit):
@@ -69,8 +77,7 @@ def _counting(limit):
 def test_bisection_finds_the_exact_boundary_probing_each_batch_once(limit, start):
     fits, calls = _counting(limit)
     result = largest_fitting(fits, start=start)
-    assert result.best == limit
-    assert not result.capped
+    assert result.best == limit and not result.capped
     assert len(calls) == len(set(calls))
     assert [b for b, _ in result.probes] == calls
     assert all(ok == (b <= limit) for b, ok in result.probes)
@@ -88,14 +95,8 @@ def test_bisection_when_nothing_fits(start):
 def test_bisection_stops_at_the_cap():
     fits, calls = _counting(10**6)
     result = largest_fitting(fits, start=1, cap=100)
-    assert result == largest_fitting(lambda b: True, start=1, cap=100)
-    assert result.best == 100 and result.capped
-    assert max(calls) == 100
-
-
-def test_bisection_below_the_cap_is_not_capped():
-    result = largest_fitting(lambda b: b <= 70, start=1, cap=100)
-    assert result.best == 70 and not result.capped
+    assert result.best == 100 and result.capped and max(calls) == 100
+    assert not largest_fitting(lambda b: b <= 70, start=1, cap=100).capped
 
 
 @pytest.mark.parametrize("kwargs", [{"start": 0}, {"start": 1.5}, {"start": 8, "cap": 4}])
@@ -105,149 +106,318 @@ def test_bisection_rejects_bad_arguments(kwargs):
 
 
 # ----------------------------------------------------------------------------------------
-# Result files
+# The catalog equals what models and baselines define
 # ----------------------------------------------------------------------------------------
 
-EXPECTED_COLUMNS = ["model", "strategy", "batch_size", "image_size", "max_mem", "mem_used",
-                    "memory_cost", "step_time", "host_rss", "images_per_s", "rewrite_time",
-                    "checkpoints", "swapped", "device_peak", "host_peak", "status", "reason"]
+
+def test_catalog_matches_the_model_zoo_and_the_baselines():
+    import baselines
+    import models
+    assert tuple(catalog.MODELS) == tuple(models.NAMES)
+    assert catalog.MODELS == dict(models.MIN_IMAGE_SIZE)
+    assert tuple(catalog.STRATEGIES) == tuple(baselines.STRATEGIES)
+    assert catalog.ALIASES == baselines.ALIASES
+    assert catalog.NEEDS_BUDGET == {s for s in baselines.STRATEGIES
+                                    if "memory_budget" in baselines.required_options(s)}
 
 
-def _row(strategy, model="resnet50", batch=4, status="ok", max_mem=200 * MiB, mem_used=100 * MiB,
-         step_time=1.0, device_peak=None, reason=None):
-    return res.empty_row(
-        model=model, strategy=strategy, batch_size=batch, image_size=64, max_mem=max_mem,
-        mem_used=mem_used, memory_cost=None if max_mem is None else max_mem - mem_used,
-        step_time=step_time, host_rss=900 * MiB,
-        images_per_s=None if step_time is None else batch / step_time, rewrite_time=0.5,
-        checkpoints=None, swapped=None, device_peak=device_peak or max_mem, host_peak=None,
-        status=status, reason=reason)
+def test_default_strategies_skip_aliases_and_budget_strategies_without_a_budget():
+    assert "openai-memory" not in catalog.default_strategies(False)
+    assert "ome-budget" not in catalog.default_strategies(False)
+    assert "ome-budget" in catalog.default_strategies(True)
+    assert catalog.family("ome-swap") == "ome" and catalog.family("tf-recompute-grad") == "tf"
+    assert catalog.resnet_depth("resnet101") == 101 and catalog.resnet_depth("inception_v4") is None
 
 
-def test_csv_columns_are_exactly_the_listed_ones_and_round_trip(tmp_path):
-    assert list(res.COLUMNS) == EXPECTED_COLUMNS
-    rows = [_row("vanilla"), _row("lms", status="error", max_mem=None, step_time=None,
-                                  reason="worker exit code 1; stderr tail: a, b | c\nd")]
-    path = str(tmp_path / "results.csv")
-    res.write_csv(path, rows)
-    with open(path, newline="") as f:
-        assert next(csv.reader(f)) == EXPECTED_COLUMNS
-    assert res.read_csv(path) == rows
-
-
-def test_read_csv_refuses_a_foreign_file(tmp_path):
-    path = tmp_path / "results.csv"
-    path.write_text("a,b\n1,2\n")
-    with pytest.raises(res.ResumeError, match="not written by benchmark.py"):
-        res.read_csv(str(path))
-
-
-def test_markdown_ratios_divide_by_vanilla_of_the_same_model_and_batch():
-    rows = [
-        _row("vanilla", max_mem=400 * MiB, mem_used=100 * MiB, step_time=2.0),
-        _row("ome", max_mem=200 * MiB, mem_used=100 * MiB, step_time=3.0),
-        _row("lms", status="oom", reason="device peak 900 MiB exceeds the budget"),
-        _row("ome", batch=8, max_mem=300 * MiB, step_time=1.0),  # no vanilla at batch 8
-    ]
-    text = res.markdown_report(rows, model_order=["resnet50"], strategy_order=["vanilla", "ome"])
-    lines = text.splitlines()
-    ome4 = next(line for line in lines if line.startswith("| ome | ok | 200.0"))
-    cells = [c.strip() for c in ome4.strip("|").split("|")]
-    # strategy status max_mem memory_cost device_peak step images/s, then the four ratios
-    assert cells[:7] == ["ome", "ok", "200.0", "100.0", "200.0", "3.000", "1.3"]
-    assert cells[7:] == ["0.50", "0.33", "0.50", "1.50"]
-    vanilla = next(line for line in lines if line.startswith("| vanilla |"))
-    assert vanilla.rstrip(" |").endswith("1.00 | 1.00 | 1.00 | 1.00")
-    lms = next(line for line in lines if line.startswith("| lms |"))
-    assert "| oom |" in lms and "0." not in lms
-    assert "- lms: oom: device peak 900 MiB exceeds the budget" in lines
-    ome8 = next(line for line in lines if line.startswith("| ome | ok | 300.0"))
-    assert ome8.rstrip(" |").endswith("— | — | — | —")
-    assert lines.index("## resnet50, batch 4, image 64x64") < lines.index(
-        "## resnet50, batch 8, image 64x64")
-
-
-def test_max_batch_table_ratio_to_vanilla():
-    summary = [
-        {"model": "resnet50", "strategy": "vanilla", "budget": 8 * 2**30, "image_size": 64,
-         "max_batch": 87, "device_peak": 7000 * MiB, "step_time": 1.0, "images_per_s": 87.0},
-        {"model": "resnet50", "strategy": "ome", "budget": 8 * 2**30, "image_size": 64,
-         "max_batch": 214, "capped": True, "device_peak": 7017 * MiB, "step_time": 3.0,
-         "images_per_s": 71.3},
-        {"model": "resnet50", "strategy": "lms", "budget": 8 * 2**30, "image_size": 64,
-         "max_batch": 0, "device_peak": None, "step_time": None, "images_per_s": None},
-    ]
-    lines = res.max_batch_table(summary)
-    assert "| ome | 214+ | 7017.0 | 3.000 | 71.3 | 2.46 |" in lines
-    assert "| vanilla | 87 | 7000.0 | 1.000 | 87.0 | 1.00 |" in lines
-    assert "| lms | 0 | — | — | — | — |" in lines
+# ----------------------------------------------------------------------------------------
+# Metrics (ome.measure) and the rows built from them
+# ----------------------------------------------------------------------------------------
 
 
 def test_device_peaks_subtract_the_host_in_emulation():
-    class Peak:
-        def __init__(self, peak):
-            self.peak = peak
-    emulated = {"/device:CPU:0": Peak(30), "/device:CPU:1": Peak(7)}
-    assert device_peaks(emulated, max_mem=140) == (133, 7)
-    assert device_peaks({"/device:CPU:0": Peak(30)}, max_mem=140) == (140, None)
-    gpu = {"/job:localhost/replica:0/task:0/device:GPU:0": Peak(30), "/device:CPU:0": Peak(7)}
+    from ome.measure import DeviceMemory, Measurement, device_peaks
+    cpu0, cpu1 = DeviceMemory(30, 0, 30), DeviceMemory(7, 0, 7)
+    assert device_peaks({"/device:CPU:0": cpu0, "/device:CPU:1": cpu1}, max_mem=140) == (133, 7)
+    assert device_peaks({"/device:CPU:0": cpu0}, max_mem=140) == (140, None)
+    gpu = {"/job:localhost/replica:0/task:0/device:GPU:0": cpu0, "/device:CPU:0": cpu1}
     assert device_peaks(gpu, max_mem=140) == (140, 7)
     assert device_peaks(None, max_mem=140) == (140, None)
+    m = Measurement(device="CPU:0", max_mem=140, mem_used=40, step_time=0.3,
+                    step_times=(0.5, 0.1, 0.3, 0.2, 0.4), host_rss=1,
+                    per_device={"/device:CPU:0": cpu0, "/device:CPU:1": cpu1})
+    assert (m.device_peak, m.host_peak, m.memory_cost) == (133, 7, 100)
+    assert m.step_time_quartiles == pytest.approx((0.2, 0.3, 0.4))
+    assert m.to_dict()["device_peak"] == 133
 
 
-def test_count_of_strategy_info():
-    assert count_of(12) == 12
-    assert count_of(["a", "b"]) == 2
-    assert count_of(None) is None and count_of(2.5) is None
+def test_row_columns_carry_units_and_spread_is_relative():
+    for name in COLUMNS:
+        if name not in ("model", "strategy", "status", "reason"):
+            assert name.endswith(("_bytes", "_s", "_size", "_count", "_steps", "_per_s")), name
+    row = _row("ome", time_s=2.0, spread=0.2)
+    assert row.spread == pytest.approx(0.1)
+    assert row.key == RunKey("resnet50", "ome", 4) and str(row.key) == "resnet50/ome b=4"
+    assert _row("ome", status="error").spread is None
+    with pytest.raises(KeyError, match="not result columns"):
+        Row.from_dict({"model": "x", "max_mem": 1})
 
 
-def _fake_bench(tmp_path, strategies, outcome):
-    """A Bench whose runs come from ``outcome(strategy, batch) -> (status, device_peak)``."""
-    plan = {"models": ["resnet50"], "strategies": strategies, "batch_sizes": [1],
-            "image_sizes": {"resnet50": 64}, "budget": 100 * MiB, "batch_cap": 1000,
-            "out": str(tmp_path), "settings": {}, "config": {}, "tensorflow": "x", "jobs": 1}
-    bench = benchmark.Bench(plan, [], {}, [])
-    calls = []
-
-    def run(model, strategy, batch, tag=""):
-        calls.append((strategy, batch))
-        status, peak = outcome(strategy, batch)
-        row = _row(strategy, model=model, batch=batch, status=status, device_peak=peak,
-                   reason=None if status == "ok" else status + " here")
-        bench.rows[res.row_key(row)] = row
-        return row
-    bench.run = run
-    return bench, calls
-
-
-def test_max_batch_search_bisects_on_device_peak_and_stops_at_errors(tmp_path):
-    def outcome(strategy, batch):
-        if strategy == "lms" and batch >= 8:
-            return "error", None  # a strategy bug, not memory: stop, do not bisect down
-        if strategy == "ome" and batch > 50:
-            return "oom", 200 * MiB  # the worker already marks runs above the budget
-        limit = {"vanilla": 20, "ome": 300, "lms": 1000}[strategy]
-        return "ok", (50 + batch if batch <= limit else 150) * MiB
-
-    bench, calls = _fake_bench(tmp_path, ["vanilla", "ome", "lms"], outcome)
-    benchmark.max_batch_search(bench)
-    summary = {s["strategy"]: s for s in bench.max_batch.values()}
-    assert summary["vanilla"]["max_batch"] == 20
-    assert summary["vanilla"]["device_peak"] == 70 * MiB
-    assert summary["ome"]["max_batch"] == 50 and not summary["ome"]["stopped"]
-    assert summary["lms"]["max_batch"] == 4
-    assert summary["lms"]["stopped"].startswith("error at batch 8")
-    assert [b for s, b in calls if s == "lms"] == [1, 2, 4, 8]
-    table = "\n".join(res.max_batch_table(list(bench.max_batch.values())))
-    assert "| lms | 4? |" in table and "search stopped, error at batch 8" in table
-    assert "| ome | 50 |" in table and "| 2.50 |" in table
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert len(saved["max_batch"]) == 3
+def test_results_folder_round_trip_and_csv_header(tmp_path):
+    folder = ResultsFolder(str(tmp_path))
+    rows = [_row("vanilla"), _row("lms", status="error", reason="worker exit code 1 | a\nb")]
+    summary = MaxBatchResult(model="resnet50", strategy="ome", budget_bytes=MiB, image_size=64,
+                             max_batch=7, probes=((1, True), (8, False)))
+    meta = {"date": "d", "settings": {"format": config.RESULTS_FORMAT}}
+    folder.save(meta=meta, rows=rows, details={rows[0].key: {"wall_s": 3.0}},
+                max_batch=[summary])
+    with open(folder.csv_path, newline="") as f:
+        table = list(csv.reader(f))
+    assert tuple(table[0]) == COLUMNS and len(table) == 3
+    stored = folder.load()
+    assert stored.rows == tuple(rows) and stored.max_batch == (summary,)
+    assert stored.details[rows[0].key] == {"wall_s": 3.0} and stored.date == "d"
 
 
 # ----------------------------------------------------------------------------------------
-# Command line: bad input exits with code 2 and a clear message
+# Resuming: explicit, and said in the first line
 # ----------------------------------------------------------------------------------------
+
+SETTINGS = {"format": config.RESULTS_FORMAT, "mode": "sweep", "image_size": 32, "steps": 5,
+            "warmup": 1, "budget_bytes": None}
+
+
+def _folder(tmp_path, rows, settings=SETTINGS):
+    folder = ResultsFolder(str(tmp_path / "r"))
+    folder.save(meta={"date": "2026-01-02", "settings": settings}, rows=rows, details={})
+    return folder
+
+
+def test_a_new_folder_starts_empty(tmp_path):
+    start = resume.start(ResultsFolder(str(tmp_path / "new")), SETTINGS, lambda k: True, "refuse")
+    assert start.rows == () and not start.skip and "writing new results" in start.message
+
+
+def test_rows_of_the_runs_asked_for_are_refused_without_a_flag(tmp_path):
+    folder = _folder(tmp_path, [_row("vanilla"), _row("ome")])
+    with pytest.raises(ConfigError, match=r"already holds 1 run of those asked for "
+                                          r"\(resnet50 b=4: ome\).*--resume.*--overwrite"):
+        resume.start(folder, SETTINGS, lambda k: k.strategy == "ome", "refuse")
+
+
+def test_resume_skips_finished_runs_and_retries_errors(tmp_path):
+    rows = [_row("vanilla"), _row("ome", status="oom"), _row("lms", status="error")]
+    start = resume.start(_folder(tmp_path, rows), SETTINGS, lambda k: True, "resume")
+    assert start.skip == {RunKey("resnet50", "vanilla", 4), RunKey("resnet50", "ome", 4)}
+    assert start.message.startswith("resuming")
+    assert "skipping 2 finished runs (resnet50 b=4: ome, vanilla)" in start.message
+    assert "measuring again 1 run that ended in error" in start.message
+    assert len(start.rows) == 3
+
+
+def test_overwrite_replaces_the_runs_asked_for_and_keeps_the_others(tmp_path):
+    folder = _folder(tmp_path, [_row("vanilla"), _row("lms")])
+    start = resume.start(folder, SETTINGS, lambda k: k.strategy == "lms", "overwrite")
+    assert [r.strategy for r in start.rows] == ["vanilla"] and not start.skip
+    assert "--overwrite measures 1 of them again (resnet50 b=4: lms)" in start.message
+
+
+def test_rows_of_other_runs_are_kept_and_said_so(tmp_path):
+    start = resume.start(_folder(tmp_path, [_row("vanilla")]), SETTINGS,
+                         lambda k: k.model == "resnet18", "refuse")
+    assert len(start.rows) == 1 and "none of the runs asked for" in start.message
+
+
+def test_other_settings_are_refused_or_dropped_with_overwrite(tmp_path):
+    folder = _folder(tmp_path, [_row("vanilla")], dict(SETTINGS, steps=2))
+    for existing in ("refuse", "resume"):
+        with pytest.raises(ConfigError, match="other settings \\(steps: 2 there, 5 now\\)"):
+            resume.start(folder, SETTINGS, lambda k: True, existing)
+    start = resume.start(folder, SETTINGS, lambda k: True, "overwrite")
+    assert start.rows == () and "--overwrite discards them" in start.message
+
+
+def test_results_of_an_older_format_are_refused_not_misread(tmp_path):
+    folder = _folder(tmp_path, [_row("vanilla")], dict(SETTINGS, format=2))
+    with pytest.raises(ConfigError, match="format: 2 there"):
+        resume.start(folder, SETTINGS, lambda k: True, "resume")
+
+
+def test_unreadable_configuration_is_refused(tmp_path):
+    folder = _folder(tmp_path, [_row("vanilla")])
+    os.remove(folder.json_path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        resume.start(folder, SETTINGS, lambda k: True, "resume")
+
+
+# ----------------------------------------------------------------------------------------
+# Reports
+# ----------------------------------------------------------------------------------------
+
+META = {"date": "2026-11-23T10:00:00+00:00", "tensorflow": "2.21.0",
+        "machine": {"cpu_count": 2, "processor": "Test CPU", "memory_bytes": 8 * 2**30,
+                    "platform": "Linux", "python": "3.11"},
+        "config": {"jobs": 2, "steps": 5, "warmup": 1, "budget": None}}
+
+
+def _cells(lines, strategy, status="ok"):
+    line = next(l for l in lines if l.startswith(f"| {strategy} | {status} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_sweep_table_ratios_spread_and_noise_marker():
+    rows = [_row("vanilla", peak=400 * MiB, cost=300 * MiB, time_s=2.0, spread=0.1),
+            _row("ome", peak=200 * MiB, cost=100 * MiB, time_s=3.0, spread=0.3),
+            _row("openai", peak=300 * MiB, cost=150 * MiB, time_s=2.05, spread=0.2),
+            _row("lms", status="oom", reason="device peak 900 MiB exceeds the budget"),
+            _row("ome", batch=8)]  # no vanilla at batch 8
+    lines = report.sweep_tables(rows, ["resnet50"], ["vanilla", "ome", "openai", "lms"])
+    assert _cells(lines, "ome") == ["ome", "ok", "200.0", "0.50", "100.0", "0.33", "200.0",
+                                    "0.50", "3.000", "10%", "1.50", "1.3"]
+    assert _cells(lines, "openai")[10] == "1.02~"  # 0.05 s apart, IQR 0.2 s: noise
+    assert _cells(lines, "lms", "oom")[2:] == ["—"] * 10
+    assert "- lms: oom: device peak 900 MiB exceeds the budget" in lines
+    assert any(l.startswith("`~`: the step-time difference") for l in lines)
+    assert lines.index("## resnet50, batch 4, image 64x64") < lines.index(
+        "## resnet50, batch 8, image 64x64")
+    warnings = report.noise_warnings(rows)
+    assert len(warnings) == 1 and warnings[0].startswith("resnet50/openai b=4: step time 1.02x")
+
+
+def test_markdown_header_names_machine_date_and_real_image_sizes():
+    rows = [_row("vanilla", model="resnet18", image=32),
+            _row("vanilla", model="inception_v4", image=75)]
+    text = report.sweep_markdown(rows, META, ["resnet18", "inception_v4"], ["vanilla"])
+    assert "Measured 2026-11-23T10:00:00+00:00 with TensorFlow 2.21.0 on Test CPU" in text
+    assert "Images 32x32 (resnet18); 75x75 (inception_v4); batch 4; 5 timed steps" in text
+    assert "2 workers overlapped only start-up and graph building" in text
+    assert "None" not in text
+
+
+def test_max_batch_table_and_probe_counts_tell_expected_misses_from_errors():
+    summary = [MaxBatchResult("resnet50", "vanilla", 8 * 2**30, 64, 87,
+                              device_peak_bytes=7000 * MiB, step_time_s=1.0, images_per_s=87.0),
+               MaxBatchResult("resnet50", "ome", 8 * 2**30, 64, 214, capped=True,
+                              device_peak_bytes=7017 * MiB, step_time_s=3.0, images_per_s=71.3),
+               MaxBatchResult("resnet50", "lms", 8 * 2**30, 64, 0)]
+    lines = report.max_batch_table(summary)
+    assert "| ome | 214+ | 7017.0 | 3.000 | 71.3 | 2.46 |" in lines
+    assert "| vanilla | 87 | 7000.0 | 1.000 | 87.0 | 1.00 |" in lines
+    assert "| lms | 0 | — | — | — | — |" in lines
+    probes = [_row("ome", batch=1, peak=50 * MiB), _row("ome", batch=2, peak=150 * MiB),
+              _row("ome", batch=4, status="oom"), _row("lms", status="error")]
+    assert report.count_probes(probes, 100 * MiB) == (
+        "4 probes: 1 fit, 2 did not fit (expected: the search brackets the largest batch from "
+        "both sides), 1 error")
+
+
+# ----------------------------------------------------------------------------------------
+# Plots
+# ----------------------------------------------------------------------------------------
+
+
+def test_plot_styles_group_families_and_stay_distinguishable():
+    strategies = list(catalog.default_strategies(True))
+    styles = plots.styles(strategies)
+    assert styles["ome"]["color"] == styles["ome-swap"]["color"] != styles["vanilla"]["color"]
+    assert styles["ome"]["linestyle"] != styles["ome-swap"]["linestyle"]
+    looks = {(s["color"], s["linestyle"], s["marker"]) for s in styles.values()}
+    assert len(looks) == len(strategies)
+
+
+def test_plots_draw_every_model_with_titles_and_error_bars(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    drawn = []
+    import matplotlib.figure
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, path, **kwargs):
+        drawn.append((os.path.basename(path), [ax.get_title() for ax in fig.axes],
+                      [ax.get_ylabel() for ax in fig.axes], fig._suptitle.get_text()))
+        return real_savefig(fig, path, **kwargs)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    rows = [_row(s, model=m, batch=16, image=112, time_s=t, spread=0.1)
+            for m in ("resnet18", "resnet50", "inception_v4")
+            for s, t in (("vanilla", 1.0), ("ome", 1.3), ("ome-swap", 1.4))]
+    written = plots.model_plots(rows, str(tmp_path), ["resnet18", "resnet50", "inception_v4"],
+                                ["vanilla", "ome", "ome-swap"])
+    assert [os.path.basename(p) for p in written] == ["peak_memory_vs_depth.png",
+                                                      "step_time_vs_depth.png"]
+    assert all(os.path.getsize(p) > 0 for p in written)
+    (_, titles, ylabels, suptitle), (_, _, time_labels, _) = drawn
+    assert titles == ["ResNets, batch 16, image 112x112", "inception_v4, batch 16, image 112x112"]
+    assert ylabels[0] == "device peak (MiB)" and suptitle == "Peak device memory"
+    assert "IQR" in time_labels[0]
+
+
+# ----------------------------------------------------------------------------------------
+# Progress and the time left
+# ----------------------------------------------------------------------------------------
+
+
+def test_estimate_uses_measured_durations_of_the_same_model_then_scales():
+    est = progress.Estimator(jobs=2)
+    assert est.left([(RunKey("resnet18", "ome", 16), 112)], elapsed=1.0) is None
+    est.add(RunKey("resnet18", "vanilla", 16), 112, 10.0)
+    est.add(RunKey("resnet18", "ome", 16), 112, 20.0)
+    same = est.left([(RunKey("resnet18", "lms", 16), 112)], elapsed=30.0)
+    assert same == pytest.approx(15.0)  # mean of resnet18's runs; parallelism 30/30 = 1
+    deeper = est.left([(RunKey("resnet101", "lms", 16), 112)], elapsed=15.0)
+    scale = progress.cost("resnet101", 16, 112) / progress.cost("resnet18", 16, 112)
+    assert deeper == pytest.approx(15.0 * scale / 2)  # 30 s of runs in 15 s: two at once
+
+
+def test_progress_prints_plain_lines_with_the_time_left():
+    out = io.StringIO()
+    console = progress.Console(out)
+    keys = [RunKey("resnet18", s, 2) for s in ("vanilla", "ome")]
+    with progress.Progress(console, [(k, 32) for k in keys], progress.Estimator(1)) as bar:
+        bar.finished(keys[0], 32, 4.0, "first")
+        bar.finished(keys[1], 32, 4.0, "second")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[1/2] first  (run 4s; elapsed ") and "left)" in lines[0]
+    assert lines[1].startswith("[2/2] second")
+
+
+def test_progress_draws_a_bar_on_a_terminal_with_lines_above_it():
+    pytest.importorskip("tqdm")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Terminal()
+    console = progress.Console(out)
+    key = RunKey("resnet18", "vanilla", 2)
+    with progress.Progress(console, [(key, 32)], progress.Estimator(1)) as bar:
+        console.say("start resnet18/vanilla b=2")
+        bar.finished(key, 32, 4.0, "resnet18/vanilla b=2: ok")
+    text = out.getvalue()
+    assert "1/1 runs" in text and "about 0s left" in text
+    lines = text.replace("\r", "\n").splitlines()
+    assert "start resnet18/vanilla b=2" in lines and "resnet18/vanilla b=2: ok  (run 4s)" in lines
+    assert console.bar is None
+
+
+# ----------------------------------------------------------------------------------------
+# Command line: checked before TensorFlow, errors exit 2 with a message
+# ----------------------------------------------------------------------------------------
+
+
+def test_bad_arguments_fail_fast_without_importing_tensorflow():
+    script = ("import json, sys, time; from benchmark_lib.cli import main\n"
+              "start = time.perf_counter()\n"
+              "try:\n    main(['--models', 'resnet17'])\n"
+              "except SystemExit as exc:\n    code = exc.code\n"
+              "print(json.dumps({'code': code, 'tf': 'tensorflow' in sys.modules,\n"
+              "                  'seconds': time.perf_counter() - start}))\n")
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    wall = time.perf_counter() - began
+    result = json.loads(proc.stdout)
+    assert result["code"] == 2 and "unknown model(s) resnet17" in proc.stderr
+    assert not result["tf"]
+    assert result["seconds"] < 1.0 and wall < 2.5
 
 
 def _cli_error(capsys, argv):
@@ -257,97 +427,117 @@ def _cli_error(capsys, argv):
     return capsys.readouterr().err
 
 
-def test_unknown_model_lists_the_valid_ones(capsys, tmp_path):
+def test_unknown_names_list_the_valid_ones(capsys, tmp_path):
     err = _cli_error(capsys, ["--models", "resnet18,resnet17", "--out", str(tmp_path)])
-    assert "unknown model(s) resnet17" in err
-    assert "valid models: resnet18, resnet34, resnet50, resnet101, resnet152, resnet200, " \
-           "inception_v4" in err
+    assert "unknown model(s) resnet17; valid models: " + ", ".join(catalog.MODELS) in err
+    err = _cli_error(capsys, ["--strategies", "vanilla,magic", "--out", str(tmp_path)])
+    assert "unknown strategy(ies) magic; valid strategies: " + ", ".join(catalog.STRATEGIES) in err
     assert not os.listdir(tmp_path)
 
 
-def test_unknown_strategy_lists_the_valid_ones(capsys, tmp_path):
-    import baselines
-    err = _cli_error(capsys, ["--strategies", "vanilla,magic", "--out", str(tmp_path)])
-    assert "unknown strategy(ies) magic" in err
-    assert "valid strategies: " + ", ".join(baselines.STRATEGIES) in err
-
-
-def test_unparseable_budget(capsys, tmp_path):
-    err = _cli_error(capsys, ["--budget", "lots", "--out", str(tmp_path)])
-    assert "--budget: cannot parse memory size 'lots'" in err
-
-
 @pytest.mark.parametrize("argv, fragment", [
+    (["--budget", "lots"], "--budget: cannot parse memory size 'lots'"),
+    (["--strategies", "ome-budget"], "ome-budget need --budget"),
     (["--max-batch", "--model", "resnet50"], "--max-batch needs --budget"),
     (["--max-batch", "--models", "resnet18,resnet50", "--budget", "1GiB"], "exactly one model"),
+    (["--max-batch", "--model", "resnet18", "--budget", "1GiB", "--jobs", "2"],
+     "--jobs does not apply to --max-batch"),
     (["--models", "inception_v4", "--image-size", "32"], "below inception_v4's minimum 75"),
     (["--batch-size", "4,x"], "positive integers"),
+    (["--timeout", "0"], "positive number of seconds"),
+    (["--warmup", "-1"], "--warmup must be >= 0"),
+    (["--rewrite-timing", "--steps", "3"], "--steps does not apply to --rewrite-timing"),
+    (["--batch-cap", "10"], "--batch-cap does not apply to the sweep"),
+    (["--resume", "--overwrite"], "not allowed with argument"),
+    (["--max-batch", "--rewrite-timing"], "not allowed with argument"),
 ])
-def test_inconsistent_arguments(capsys, tmp_path, argv, fragment):
-    assert fragment in _cli_error(capsys, argv + ["--out", str(tmp_path)])
+def test_inconsistent_arguments(capsys, tmp_path, monkeypatch, argv, fragment):
+    monkeypatch.chdir(tmp_path)  # the default results folder, should anything look at it
+    assert fragment in _cli_error(capsys, argv)
+    assert not os.listdir(tmp_path)
 
 
-def test_image_size_below_a_minimum_is_raised_for_models_not_named(tmp_path):
-    parser = benchmark.make_parser()
-    args = parser.parse_args(["--image-size", "32", "--out", str(tmp_path)])
-    plan, existing = benchmark.make_plan(args, parser)
-    assert plan["image_sizes"]["resnet18"] == 32 and plan["image_sizes"]["inception_v4"] == 75
-    assert plan["strategies"][0] == "vanilla" and existing == ([], {}, [])
-    default = benchmark.make_plan(parser.parse_args(["--out", str(tmp_path)]), parser)[0]
-    assert default["models"] == ["resnet18", "resnet50", "resnet101", "inception_v4"]
-    assert default["image_sizes"] == {"resnet18": 112, "resnet50": 112, "resnet101": 112,
-                                      "inception_v4": 112}
-    assert default["batch_sizes"] == [16] and default["jobs"] == 2
-    everything = benchmark.make_plan(parser.parse_args(["--models", "all", "--out", str(tmp_path)]),
-                                     parser)[0]
-    assert len(everything["models"]) == 7
+def test_simulator_check_needs_a_sweep_in_out(capsys, tmp_path):
+    err = _cli_error(capsys, ["--simulator-check", "--out", str(tmp_path)])
+    assert "results.csv not found: run `python benchmark.py --out" in err
 
 
-def _existing_results(out, settings):
-    os.makedirs(out, exist_ok=True)
-    rows = [_row("vanilla", model="resnet18")]
-    res.write_csv(os.path.join(out, "results.csv"), rows)
-    res.write_json(os.path.join(out, "results.json"), machine={}, tensorflow="x", date="d",
-                   config={}, settings=settings, rows=rows)
-    return rows
+def _parse(argv):
+    modes = all_modes()
+    return cli.make_parser(modes).parse_args(argv)
 
 
-QUICK_SETTINGS = {"format": benchmark.RESULTS_FORMAT, "mode": "sweep", "preset": None, "image_size": 32, "steps": 1, "warmup": 1,
-                  "budget": None}
+def test_defaults_and_image_sizes_raised_for_models_not_named(tmp_path):
+    default = config.from_args(_parse([]), "sweep")
+    assert default.models == ("resnet18", "resnet50", "resnet101", "inception_v4")
+    assert default.image_sizes == dict.fromkeys(default.models, 112)
+    assert default.batch_sizes == (16,) and default.jobs == 2 and default.steps == 5
+    assert default.strategies[0] == "vanilla" and "ome-budget" not in default.strategies
+    assert default.existing == "refuse" and default.out == "results"
+    small = config.from_args(_parse(["--image-size", "32", "--steps", "2"]), "sweep")
+    assert small.image_sizes["resnet18"] == 32 and small.image_sizes["inception_v4"] == 75
+    assert any("minimum image size 75" in n for n in small.notes)
+    assert any("fewer than 5 timed steps" in n for n in small.notes)
+    thesis = config.from_args(_parse(["--preset", "thesis", "--resume"]), "sweep")
+    assert len(thesis.models) == 7 and thesis.batch_sizes == (32, 128)
+    assert thesis.jobs == 1 and thesis.out == "results/thesis" and thesis.existing == "resume"
+    assert thesis.settings()["image_size"] == 224
 
 
-def test_resume_refuses_results_of_another_configuration(capsys, tmp_path):
-    out = str(tmp_path / "r")
-    _existing_results(out, QUICK_SETTINGS)
-    before = {n: open(os.path.join(out, n)).read() for n in os.listdir(out)}
-    err = _cli_error(capsys, ["--models", "resnet18", "--strategies", "vanilla", "--image-size",
-                              "32", "--steps", "2", "--out", out])
-    assert "written with another configuration" in err
-    assert "steps: 1 there, 2 now" in err and "--overwrite" in err
-    assert {n: open(os.path.join(out, n)).read() for n in os.listdir(out)} == before
+def test_every_mode_has_a_flag_or_is_the_default():
+    modes = all_modes()
+    assert modes[0].name == "sweep" and modes[0].flag is None
+    assert {m.flag for m in modes[1:]} == {"--max-batch", "--rewrite-timing", "--simulator-check"}
+    assert all(m.options <= {a.dest for a in cli.make_parser(modes)._actions} for m in modes)
 
 
-def test_resume_refuses_results_whose_configuration_is_unknown(capsys, tmp_path):
-    out = str(tmp_path / "r")
-    _existing_results(out, QUICK_SETTINGS)
-    os.remove(os.path.join(out, "results.json"))
-    err = _cli_error(capsys, ["--models", "resnet18", "--image-size", "32", "--steps", "1",
-                              "--out", out])
-    assert "configuration" in err and "cannot be read" in err
+# ----------------------------------------------------------------------------------------
+# The max-batch search (with runs faked)
+# ----------------------------------------------------------------------------------------
 
 
-def test_resume_with_the_same_configuration_keeps_the_rows(tmp_path):
-    out = str(tmp_path / "r")
-    rows = _existing_results(out, QUICK_SETTINGS)
-    loaded, _, _ = res.load_for_resume(out, dict(QUICK_SETTINGS))
-    assert loaded == rows
+class _FakeRunner:
+    """A Runner whose runs come from ``outcome(strategy, batch) -> (status, device_peak)``."""
+
+    def __init__(self, cfg, outcome):
+        self.config, self.outcome = cfg, outcome
+        self.console = progress.Console(io.StringIO())
+        self.rows, self.calls = {}, []
+
+    def done(self, key):
+        return self.rows.get(key)
+
+    def measure(self, key):
+        self.calls.append((key.strategy, key.batch_size))
+        status, peak = self.outcome(key.strategy, key.batch_size)
+        row = _row(key.strategy, batch=key.batch_size, status=status, peak=peak,
+                   reason=None if status == "ok" else status + " here")
+        self.rows[key] = row
+        return row, 1.0
 
 
-def test_budget_below_the_parameter_bytes(capsys, tmp_path):
-    err = _cli_error(capsys, ["--models", "resnet18", "--strategies", "vanilla", "--budget",
-                              "8MiB", "--out", str(tmp_path)])
-    assert "--budget 8.0 MiB is below resnet18's parameter bytes" in err
-    assert "trainable parameters x 4 bytes" in err
+def test_max_batch_search_bisects_on_device_peak_and_stops_at_errors():
+    cfg = config.from_args(_parse(["--max-batch", "--model", "resnet50", "--budget", "100MiB",
+                                   "--strategies", "vanilla,ome,lms", "--batch-cap", "1000"]),
+                           "max-batch", batch_sizes=(1,), jobs=1)
+
+    def outcome(strategy, batch):
+        if strategy == "lms" and batch >= 8:
+            return "error", None  # a strategy bug, not memory: stop, do not bisect down
+        if strategy == "ome" and batch > 50:
+            return "oom", None
+        limit = {"vanilla": 20, "ome": 300, "lms": 1000}[strategy]
+        return "ok", (50 + batch if batch <= limit else 150) * MiB
+
+    fake = _FakeRunner(cfg, outcome)
+    found = {s: max_batch.search(fake, s) for s in cfg.strategies}
+    assert found["vanilla"].max_batch == 20 and found["vanilla"].device_peak_bytes == 70 * MiB
+    assert found["ome"].max_batch == 50 and not found["ome"].stopped
+    assert found["lms"].max_batch == 4 and found["lms"].stopped.startswith("error at batch 8")
+    assert [b for s, b in fake.calls if s == "lms"] == [1, 2, 4, 8]
+    table = "\n".join(report.max_batch_table(list(found.values())))
+    assert "| lms | 4? |" in table and "search stopped, error at batch 8" in table
+    assert "| ome | 50 |" in table and "| 2.50 |" in table
 
 
 # ----------------------------------------------------------------------------------------
@@ -355,54 +545,124 @@ def test_budget_below_the_parameter_bytes(capsys, tmp_path):
 # ----------------------------------------------------------------------------------------
 
 
+def test_specs_and_messages_round_trip():
+    spec = protocol.RunSpec("resnet18", "ome", 2, 32, steps=5, warmup=1, measure_lock="/x")
+    assert protocol.decode_spec(protocol.encode_spec(spec)) == spec
+    with pytest.raises(ValueError, match="not a worker spec"):
+        protocol.decode_spec('{"task": "dance"}')
+    record = protocol.LogRecord("baselines.lms", "INFO", "Editing model for LMS")
+    assert protocol.parse_log(protocol.log_line(record)) == record
+    assert protocol.parse_log("TensorFlow chatter") is None
+    lines = ["noise\n", protocol.result_line({"row": {"x": float("nan")}})]
+    assert protocol.parse_result(lines) == {"row": {"x": None}}
+
+
+def test_worker_logs_are_echoed_with_the_run_label():
+    said = []
+    on_log = runner._echo(RunKey("resnet18", "lms", 2), said.append)
+    on_log(protocol.LogRecord("baselines.lms", "INFO", "Editing model for LMS"))
+    on_log(protocol.LogRecord("ome.rewrite", "DEBUG", "detail"))
+    on_log(protocol.LogRecord("benchmark", "WARNING", "run failed"))
+    assert said == ["    [resnet18/lms b=2] Editing model for LMS"]
+
+
+def test_the_measurement_lock_lets_one_worker_time_steps_at_a_time(tmp_path):
+    from benchmark_lib.worker import _measurement_slot
+    path = str(tmp_path / "measure.lock")
+    events = []
+
+    def hold():
+        with _measurement_slot(path):
+            events.append("first in")
+            time.sleep(0.3)
+            events.append("first out")
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    while not events:
+        time.sleep(0.01)
+    with _measurement_slot(path) as waited:
+        events.append("second in")
+    thread.join()
+    assert events == ["first in", "first out", "second in"] and waited > 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bogus:
+    task: str = "dance"
+
+
 def test_a_crashing_worker_becomes_an_error_with_its_stderr_tail():
-    with pytest.raises(benchmark.WorkerFailed, match=r"exit code 1; stderr tail: .*KeyError"):
-        benchmark.call_worker({"task": "run"}, timeout=120, label="broken")
+    with Pool(1) as pool, pytest.raises(WorkerFailed, match=r"exit code 1; stderr tail: .*"
+                                                              r"not a worker spec"):
+        pool.call(_Bogus(), timeout=60)
 
 
 def test_a_worker_that_runs_too_long_is_killed():
-    with pytest.raises(benchmark.WorkerFailed, match="timed out after 0 s"):
-        benchmark.call_worker({"task": "run"}, timeout=0.2, label="slow")
+    spec = protocol.RunSpec("resnet18", "vanilla", 2, 32, steps=5, warmup=1)
+    with Pool(1) as pool, pytest.raises(WorkerFailed, match="timed out after 0 s"):
+        pool.call(spec, timeout=0.2)
 
 
-def test_end_to_end_run_writes_an_ok_row(tmp_path):
-    out = tmp_path / "out"
+def test_the_entry_point_is_the_cli():
+    assert benchmark.main is cli.main
+
+
+# ----------------------------------------------------------------------------------------
+# Real runs
+# ----------------------------------------------------------------------------------------
+
+
+def _benchmark(out, *extra, cwd):
     cmd = [sys.executable, os.path.join(ROOT, "benchmark.py"), "--models", "resnet18",
-           "--strategies", "vanilla", "--image-size", "32", "--batch-size", "2", "--steps", "1",
-           "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+           "--strategies", "vanilla", "--image-size", "32", "--batch-size", "2",
+           "--out", str(out), *extra]
+    return subprocess.run(cmd, cwd=str(cwd), capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_end_to_end_run_then_refused_then_resumed(tmp_path):
+    out = tmp_path / "out"
+    proc = _benchmark(out, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[0] == f"writing new results to {out}{os.sep}"
+    assert "[resnet18/vanilla b=2] " in proc.stderr  # the worker's ome log lines are echoed
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 1
     row = rows[0]
     assert (row["model"], row["strategy"], row["status"]) == ("resnet18", "vanilla", "ok")
-    assert int(row["max_mem"]) > 0 and int(row["device_peak"]) > 0
-    assert float(row["step_time"]) > 0
+    assert int(row["device_peak_bytes"]) > 0 and int(row["timed_steps"]) == 5
+    assert float(row["step_time_q1_s"]) <= float(row["step_time_s"]) <= float(row["step_time_q3_s"])
     doc = json.loads((out / "results.json").read_text())
     assert doc["machine"]["cpu_count"] >= 1 and doc["tensorflow"]
-    assert doc["config"]["models"] == ["resnet18"]
-    assert "| vanilla | ok |" in (out / "results.md").read_text()
-    assert (out / "peak_memory_vs_depth.png").exists()
-    assert "[resnet18/vanilla b=2] " in proc.stderr  # the worker's ome.* log lines are echoed
-    # the same command again resumes: nothing to run, nothing lost
-    again = subprocess.run(cmd, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "1 of 1 runs already in" in again.stderr
+    assert doc["config"]["models"] == ["resnet18"] and doc["settings"]["image_size"] == 32
+    assert doc["rows"][0]["details"]["wall_s"] > 0
+    markdown = (out / "results.md").read_text()
+    assert "| vanilla | ok |" in markdown and "Images 32x32" in markdown
+    assert (out / "peak_memory_vs_depth.png").exists() and (out / "step_time_vs_depth.png").exists()
+    assert "| vanilla | ok |" in proc.stdout
+
+    again = _benchmark(out, cwd=tmp_path)
+    assert again.returncode == 2 and "--resume" in again.stderr
+
+    resumed = _benchmark(out, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stderr.splitlines()[0].startswith(f"resuming {out}{os.sep} (1 row, written ")
+    assert "skipping 1 finished run (resnet18 b=2: vanilla)" in resumed.stderr
+    assert "measured 0 runs, skipped 1 already in" in resumed.stderr
     with open(out / "results.csv", newline="") as f:
         assert list(csv.DictReader(f)) == rows
 
 
+@pytest.mark.slow
 def test_simulator_check_compares_with_a_sweep(tmp_path):
-    from benchmark_lib import simulator_check
-    with open(tmp_path / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["model", "strategy", "batch_size", "image_size",
-                                               "memory_cost", "status"])
-        writer.writeheader()
-        writer.writerow({"model": "resnet18", "strategy": "ome", "batch_size": 2,
-                         "image_size": 32, "memory_cost": 4 * 2**20, "status": "ok"})
+    folder = ResultsFolder(str(tmp_path))
+    folder.save(meta={"date": "d", "settings": {"format": config.RESULTS_FORMAT}},
+                rows=[_row("ome", model="resnet18", batch=2, image=32, cost=4 * MiB)], details={})
+    args = argparse.Namespace(out=str(tmp_path))
     lines = []
-    simulator_check.main(str(tmp_path), say=lines.append)
+    simulator_check.run(simulator_check.prepare(args), say=lines.append)
     model, batch, size, predicted, measured, error = lines[1].split()
     assert (model, batch, size, measured) == ("resnet18", "2", "32", "4.0")
     assert float(predicted) > 0 and error.endswith("%")

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors
+from ome import capture, errors
 from tests import graphs
 
 
@@ -76,22 +76,29 @@ def test_integer_ys(graph):
                      lambda: ome.gradients([y], [x]))
 
 
-def test_while_loop_in_region_is_refused_by_name(graph):
-    x = tf.compat.v1.placeholder(tf.float32, [8])
-    h = tf.tanh(x)
-    _, looped = tf.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, tf.tanh(v)), [0, h])
-    y = tf.reduce_sum(tf.tanh(looped))
-    raises_unchanged(graph, errors.UnsupportedGraphError, r"op .*(While|Switch|Enter|Merge)",
-                     lambda: ome.gradients([y], [x]))
-
-
-def test_cond_in_region_is_refused_by_name(graph):
-    x = tf.compat.v1.placeholder(tf.float32, [8])
-    flag = tf.compat.v1.placeholder(tf.bool, [])
-    h = tf.cond(flag, lambda: tf.tanh(x), lambda: tf.sin(x))
-    y = tf.reduce_sum(tf.tanh(h))
-    raises_unchanged(graph, errors.UnsupportedGraphError, r"op .*(If|Switch|Merge)",
-                     lambda: ome.gradients([y], [x]))
+@pytest.mark.parametrize("flow", ["while_loop", "cond"])
+def test_control_flow_is_kept_whole_and_the_rest_recomputed(graph, flow):
+    # A loop or branch is one opaque op: never copied, its outputs kept; the chains before
+    # and after it are still recomputed, and gradients equal tf.gradients'.
+    x, feed = graphs._input((64, 256))  # pylint: disable=protected-access
+    h = x
+    for _ in range(8):
+        h = tf.tanh(h)
+    if flow == "while_loop":
+        _, h = tf.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, tf.tanh(v)), [0, h])
+    else:
+        flag = tf.compat.v1.placeholder_with_default(True, [])
+        h = tf.cond(flag, lambda: tf.tanh(h), lambda: tf.sin(h))
+    for _ in range(8):
+        h = tf.tanh(h)
+    y = tf.reduce_sum(h)
+    grads, (plan, _) = ome.gradients([y], [x], return_info=True)
+    assert plan.recomputed, "the chains around the control flow are recomputed"
+    copied_types = {graph.get_operation_by_name(op).type for op in plan.schedule.copied_ops}
+    assert not copied_types & capture.CONTROL_FLOW_OPS, copied_types
+    with tf.compat.v1.Session() as sess:
+        got, want = sess.run([grads, tf.gradients(y, [x])], feed)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
 
 
 def test_unknown_batch_dimension_without_batch_size(graph):

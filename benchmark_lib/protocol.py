@@ -1,0 +1,117 @@
+"""What the parent and a worker process say to each other.
+
+The parent starts ``python -m benchmark_lib.worker SPEC`` with a JSON spec (:class:`RunSpec`
+or :class:`ParamsSpec`). The worker logs on stderr, one JSON record per line after
+:data:`LOG_PREFIX`, and prints its result on stdout as one JSON line after
+:data:`RESULT_PREFIX`; anything else on either stream is TensorFlow's own output.
+"""
+import dataclasses
+import json
+import math
+from typing import Mapping, NamedTuple, Optional, Tuple
+
+__all__ = ["RESULT_PREFIX", "LOG_PREFIX", "RunSpec", "ParamsSpec", "LogRecord", "encode_spec",
+           "decode_spec", "result_line", "parse_result", "log_line", "parse_log", "is_echoed",
+           "json_safe"]
+
+RESULT_PREFIX = "@@ome-bench-result "
+LOG_PREFIX = "@@ome-bench-log "
+ECHO_LOGGERS = ("ome", "baselines")  # logger-name prefixes whose INFO lines the parent shows
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Measure one training step of ``model`` with ``strategy``.
+
+    ``budget`` (bytes) goes to strategies that take a ``memory_budget``, and a run whose
+    device peak exceeds it is ``oom``. ``measure_lock`` is a file the worker locks while it
+    runs the measured steps, so no two workers time steps at once.
+    """
+
+    model: str
+    strategy: str
+    batch_size: int
+    image_size: int
+    steps: int
+    warmup: int
+    budget: Optional[int] = None
+    measure_lock: Optional[str] = None
+    task: str = "run"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamsSpec:
+    """Count the trainable parameters of ``models`` (built at batch 1, ``image_sizes``)."""
+
+    models: Tuple[str, ...]
+    image_sizes: Mapping[str, int]
+    task: str = "params"
+
+
+class LogRecord(NamedTuple):
+    """One logging record of a worker: logger name, level name, message."""
+
+    name: str
+    level: str
+    msg: str
+
+
+_SPECS = {"run": RunSpec, "params": ParamsSpec}
+
+
+def encode_spec(spec):
+    """The JSON text of ``spec`` for the worker's command line."""
+    return json.dumps(dataclasses.asdict(spec))
+
+
+def decode_spec(text):
+    """The spec encoded by :func:`encode_spec`; ``ValueError`` for anything else."""
+    try:
+        data = json.loads(text)
+        return _SPECS[data["task"]](**data)
+    except (TypeError, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a worker spec ({type(exc).__name__}: {exc}): {text[:200]}") from None
+
+
+def result_line(result):
+    """The stdout line carrying a worker's ``result`` dict."""
+    return RESULT_PREFIX + json.dumps(json_safe(result)) + "\n"
+
+
+def parse_result(lines):
+    """The result dict of the last result line among ``lines``, or None."""
+    found = [line for line in lines if line.startswith(RESULT_PREFIX)]
+    return json.loads(found[-1][len(RESULT_PREFIX):]) if found else None
+
+
+def log_line(record):
+    """The stderr line carrying a :class:`LogRecord`."""
+    return LOG_PREFIX + json.dumps(record._asdict())
+
+
+def parse_log(line):
+    """The :class:`LogRecord` of a log line, or None for any other line."""
+    if not line.startswith(LOG_PREFIX):
+        return None
+    try:
+        return LogRecord(**json.loads(line[len(LOG_PREFIX):]))
+    except (TypeError, ValueError):
+        return None
+
+
+def is_echoed(logger_name):
+    """Whether the parent shows INFO records of this logger (ome's and the baselines')."""
+    return logger_name.startswith(ECHO_LOGGERS)
+
+
+def json_safe(value):
+    """``value`` with tuples as lists, non-finite floats as None and unknown objects as text."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

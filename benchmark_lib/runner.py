@@ -1,0 +1,152 @@
+"""Measuring runs for one invocation of a measuring mode (the sweep, the max-batch search).
+
+A :class:`Runner` measures one run per call (the pool decides how many calls run at once),
+echoes the worker's log, records the row and rewrites the results folder after every run,
+so an interrupted invocation loses nothing that finished. The echo shows the INFO records of
+``ome*`` and ``baselines*`` loggers (LMS's editing log, ome's checkpoint counts), labelled
+with the run, whenever a strategy runs; other worker output only appears in the reason of a
+failed run.
+"""
+import signal
+import threading
+import time
+
+from benchmark_lib.config import ConfigError
+from benchmark_lib.environment import machine_info, now, tensorflow_version
+from benchmark_lib.pool import WorkerFailed
+from benchmark_lib.progress import Estimator
+from benchmark_lib.protocol import ParamsSpec, is_echoed
+from benchmark_lib.storage import ResultsFolder, Row, sort_rows
+from benchmark_lib.units import format_mib, format_percent, one_line
+
+__all__ = ["Runner", "describe", "guarded"]
+
+
+def describe(row):
+    """One line about a finished run: peak, step time and what the strategy kept and swapped,
+    or why it failed."""
+    if not row.ok:
+        return f"{row.key}: {row.status}: {one_line(row.reason or '', 160)}"
+    counts = [f"{n} {what}" for n, what in ((row.checkpoint_count, "checkpoints"),
+                                            (row.swapped_count, "swapped")) if n]
+    return (f"{row.key}: ok, device peak {format_mib(row.device_peak_bytes)} MiB, "
+            f"{row.step_time_s:.3f} s/step (IQR {format_percent(row.spread)})"
+            + "".join(f", {c}" for c in counts))
+
+
+def _echo(key, say):
+    """A ``on_log`` callback showing a worker's ome/baselines records, labelled with ``key``."""
+    def on_log(record):
+        if record.level != "DEBUG" and is_echoed(record.name):
+            for line in record.msg.splitlines() or [""]:
+                say(f"    [{key}] {line}")
+    return on_log
+
+
+class Runner:
+    """Measures runs of ``config`` in ``pool`` workers, starting from ``start``'s rows."""
+
+    def __init__(self, config, start, console, pool):
+        self.config = config
+        self.console = console
+        self.pool = pool
+        self.folder = ResultsFolder(config.out)
+        self.rows = {r.key: r for r in start.rows}
+        self.details = dict(start.details)
+        self.max_batch = {(s.model, s.strategy): s for s in start.max_batch}
+        self.measured = []  # keys measured by this invocation, in order
+        self.estimator = Estimator(pool.jobs)
+        for key, facts in self.details.items():  # earlier runs' durations inform the estimate
+            if "wall_s" in facts and key in self.rows:
+                self.estimator.add(key, self.rows[key].image_size, facts["wall_s"], earlier=True)
+        self._machine = machine_info()
+        self._tensorflow = tensorflow_version()
+        self._lock = threading.Lock()
+
+    def done(self, key):
+        """The finished row (ok or oom) of ``key`` if the results hold one, else None."""
+        row = self.rows.get(key)
+        return row if row is not None and row.finished else None
+
+    def measure(self, key):
+        """Measure run ``key`` in a worker, record and save its row; return ``(row, seconds)``."""
+        image = self.config.image_sizes[key.model]
+        self.console.say(f"start {key} image {image}x{image}")
+        started = time.monotonic()
+        try:
+            result = self.pool.call(self.config.spec(key, self.pool.measure_lock),
+                                    timeout=self.config.timeout,
+                                    on_log=_echo(key, self.console.say))
+            row, details = Row.from_dict(result["row"]), result.get("details", {})
+        except WorkerFailed as exc:
+            row = Row(model=key.model, strategy=key.strategy, batch_size=key.batch_size,
+                      image_size=image, status="error", reason=str(exc))
+            details = {}
+        seconds = time.monotonic() - started
+        with self._lock:
+            self.rows[key] = row
+            self.details[key] = dict(details, wall_s=round(seconds, 2))
+            self.measured.append(key)
+            self.save()
+        return row, seconds
+
+    def check_budget(self):
+        """Refuse a budget below a model's parameter bytes (counted in one worker)."""
+        budget = self.config.budget
+        self.console.say(f"checking --budget {format_mib(budget)} MiB against the parameters "
+                         f"of {', '.join(self.config.models)} ...")
+        try:
+            sizes = self.pool.call(ParamsSpec(self.config.models, self.config.image_sizes),
+                                   timeout=self.config.timeout)["param_bytes"]
+        except WorkerFailed as exc:
+            raise ConfigError(f"could not count the models' parameters to check --budget: "
+                              f"{exc}") from None
+        for model in self.config.models:
+            size = sizes[model]
+            if budget < size["bytes"]:
+                raise ConfigError(
+                    f"--budget {format_mib(budget)} MiB is below {model}'s parameter bytes "
+                    f"({size['params']:,} trainable parameters x 4 bytes = "
+                    f"{format_mib(size['bytes'])} MiB): the weights alone would not fit")
+
+    def sorted_rows(self, keys=None):
+        """The rows (of ``keys`` only, if given) in the configuration's order."""
+        rows = self.rows.values() if keys is None else [self.rows[k] for k in keys
+                                                         if k in self.rows]
+        return sort_rows(rows, self.config.models, self.config.strategies)
+
+    def meta(self):
+        """How and where the rows were measured, as saved in ``results.json``."""
+        return {"date": now(), "machine": self._machine, "tensorflow": self._tensorflow,
+                "settings": self.config.settings(), "config": self.config.to_dict()}
+
+    def save(self):
+        """Rewrite ``results.csv`` and ``results.json`` from the rows held now."""
+        self.folder.save(meta=self.meta(), rows=self.sorted_rows(), details=self.details,
+                         max_batch=list(self.max_batch.values()))
+
+
+def guarded(runner, work, finish):
+    """Run ``work()``, then ``finish(interrupted=False)``; return the exit code.
+
+    On Ctrl-C or SIGTERM the workers are killed, the finished runs saved and reported with
+    ``finish(interrupted=True)``, and 130 is returned.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        work()
+    except KeyboardInterrupt:
+        runner.pool.kill()
+        runner.console.say("interrupted: finished runs are saved; rerun the same command with "
+                           "--resume to measure the rest")
+        runner.save()
+        finish(interrupted=True)
+        return 130
+    finish(interrupted=False)
+    return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+

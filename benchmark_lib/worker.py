@@ -1,0 +1,178 @@
+"""A worker process: one measurement (or one parameter count) in a fresh interpreter.
+
+Started by :mod:`benchmark_lib.pool` as ``python -m benchmark_lib.worker SPEC`` (see
+:mod:`benchmark_lib.protocol`), so allocator statistics start clean for every run. Without a
+GPU it splits the CPU into an emulated accelerator (CPU:0) and host (CPU:1), so swapping
+strategies have somewhere to swap to.
+"""
+import contextlib
+import dataclasses
+import logging
+import sys
+import time
+
+from benchmark_lib import protocol
+from benchmark_lib.storage import Row
+from benchmark_lib.units import format_mib, one_line
+
+__all__ = ["main"]
+
+
+class _LogLineFormatter(logging.Formatter):
+    """One JSON line per record, so the parent picks out strategy logs unambiguously."""
+
+    def format(self, record):
+        msg = record.getMessage()
+        if record.exc_info:
+            msg += "\n" + self.formatException(record.exc_info)
+        return protocol.log_line(protocol.LogRecord(record.name, record.levelname, msg))
+
+
+def _configure_logging():
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogLineFormatter())
+    handler.addFilter(lambda r: r.levelno >= logging.WARNING or protocol.is_echoed(r.name))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+@contextlib.contextmanager
+def _measurement_slot(path):
+    """Hold an exclusive lock on ``path`` (None: no lock) while timed steps run.
+
+    The lock is the operating system's (``flock``): it is released when the process ends,
+    however it ends.
+    """
+    if path is None:
+        yield 0.0
+        return
+    import fcntl
+    start = time.perf_counter()
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield time.perf_counter() - start
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _count(value):
+    """A count from a strategy's ``info`` entry: an int, or the length of a collection."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return len(value)
+    except TypeError:
+        return None
+
+
+def _measure(spec):
+    """Build, run and measure one training step; returns ``(row, details)``."""
+    import tensorflow as tf
+    import baselines
+    import models
+    from ome import errors, host
+    from ome.measure import measure
+
+    base = dict(model=spec.model, strategy=spec.strategy, batch_size=spec.batch_size,
+                image_size=spec.image_size)
+    details = {"tensorflow": tf.__version__}
+    made = {}
+
+    def gradients(ys, xs):
+        start = time.perf_counter()
+        offered = {"memory_budget": spec.budget, "batch_size": spec.batch_size}
+        options = {k: v for k, v in offered.items()
+                   if k in baselines.options_of(spec.strategy) and v is not None}
+        made["built"] = baselines.build(spec.strategy, ys, xs, **options)
+        made["seconds"] = time.perf_counter() - start
+        return list(made["built"].grads)
+
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            step = models.build_train_step(spec.model, spec.batch_size, spec.image_size,
+                                           gradients=gradients,
+                                           **baselines.model_options(spec.strategy))
+            if "built" not in made:
+                raise errors.InternalError("models.build_train_step never called `gradients`")
+            info = dict(made["built"].info or {})
+            details["info"] = info
+            # session_config keeps the emulated host device even when the strategy sets a config
+            config = host.session_config(made["built"].config)
+            with _measurement_slot(spec.measure_lock) as waited:
+                details["measure_wait_s"] = round(waited, 3)
+                with tf.compat.v1.Session(graph=graph, config=config) as session:
+                    session.run(step.init_op)
+                    m = measure(session, step.train_op, step.feed_dict,
+                                warmup=spec.warmup, steps=spec.steps, trace=True)
+    except (errors.OutOfMemoryError, tf.errors.ResourceExhaustedError, errors.BudgetError) as exc:
+        # a planner that cannot meet memory_budget says the batch does not fit: oom, not error
+        return Row(**base, status="oom", reason=_first_lines(exc)), details
+    except Exception as exc:  # any failure is a row, not a crash of the sweep
+        logging.getLogger("benchmark").warning("run failed", exc_info=True)
+        return Row(**base, status="error", reason=_first_lines(exc)), details
+
+    q1, median, q3 = m.step_time_quartiles
+    row = Row(**base, status="ok", device_peak_bytes=m.device_peak, host_peak_bytes=m.host_peak,
+              max_mem_bytes=m.max_mem, mem_used_bytes=m.mem_used,
+              memory_cost_bytes=m.memory_cost, host_rss_bytes=m.host_rss,
+              step_time_s=median, step_time_q1_s=q1, step_time_q3_s=q3,
+              timed_steps=len(m.step_times),
+              images_per_s=spec.batch_size / median if median else None,
+              rewrite_time_s=info.get("rewrite_time", made["seconds"]),
+              checkpoint_count=_count(info.get("checkpoints")),
+              swapped_count=_count(info.get("swapped")))
+    details["measurement"] = m.to_dict()
+    if spec.budget is not None and m.device_peak > spec.budget:
+        row = dataclasses.replace(row, status="oom",
+                                  reason=f"device peak {format_mib(m.device_peak)} MiB exceeds "
+                                         f"the budget {format_mib(spec.budget)} MiB")
+    return row, details
+
+
+def _first_lines(exc, n=3, limit=500):
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()[:n]
+    return one_line(" | ".join(line.strip() for line in text), limit)
+
+
+def _param_bytes(spec):
+    """``{model: {params, bytes}}``: trainable parameters and 4 bytes each, built at batch 1."""
+    import tensorflow as tf
+    import models
+
+    out = {}
+    for model in spec.models:
+        with tf.Graph().as_default():
+            step = models.build_train_step(  # zero gradients: no backward graph to build
+                model, 1, spec.image_sizes[model],
+                gradients=lambda ys, xs: [tf.zeros_like(x) for x in xs])
+            count = models.count_parameters(step.variables)
+        out[model] = {"params": count, "bytes": 4 * count}
+    return out
+
+
+def main(argv=None):
+    """Run the spec in ``argv[0]``, print the result line on stdout, return the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    spec = protocol.decode_spec(argv[0])
+    _configure_logging()
+    from ome import host
+    host.emulate_host()  # before any TF op or session in this process
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    if isinstance(spec, protocol.ParamsSpec):
+        result = {"param_bytes": _param_bytes(spec)}
+    else:
+        row, details = _measure(spec)
+        result = {"row": row.to_dict(), "details": details}
+    sys.stdout.write(protocol.result_line(result))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Train Keras 3 models with ome's gradients: ``ome.keras.wrap(model, **options)``.
+
+``wrap`` replaces the model's train step (on this instance only) by one that does what
+Keras's TensorFlow train step does (forward pass, ``compile``'s loss, loss scaling for
+mixed precision, ``apply_gradients``, metrics) but takes the gradients from
+``ome.gradients(loss, model.trainable_weights, **options)`` inside the traced function.
+``fit``, ``evaluate``, ``predict``, callbacks, ``steps_per_execution``, sample weights,
+``tf.distribute`` strategies and ``LossScaleOptimizer`` keep working; see docs/KERAS.md.
+
+XLA would fuse the step again and undo the rewrite (measured in docs/KERAS.md), so a
+wrapped model refuses ``jit_compile=True`` and compiles ``jit_compile="auto"`` as False.
+"""
+import functools
+import inspect
+import logging
+import warnings
+
+import keras
+import tensorflow as tf
+# What Keras's own TensorFlow train step reports to the loss tracker under tf.distribute.
+from keras.src.losses.loss import unscale_loss_for_distribution
+
+from ome import errors
+from ome.gradients import gradients
+from ome.tape import GradientTape
+
+log = logging.getLogger(__name__)
+
+__all__ = ["wrap", "plans"]
+
+# ome.gradients parameters the train step sets itself.
+_STEP_SETS = frozenset({"ys", "xs", "grad_ys", "name", "return_info", "unconnected_gradients"})
+
+
+def wrap(model, **options):
+    """Make ``model.fit`` train with ``ome.gradients(loss, trainable_weights, **options)``.
+
+    Works before or after ``model.compile``. Calling it again replaces the options. The
+    model is returned, changed in place; on an error nothing on it has changed.
+
+    Parameters
+    ----------
+    model : keras.Model
+        Sequential, Functional or subclassed, whose class keeps Keras's ``train_step``.
+    **options
+        Keyword options of :func:`ome.gradients`: ``checkpoints=``, ``memory_budget=``,
+        ``swap=``, ``host_device=``, ``batch_size=`` (the batch of one replica; needed
+        with ``memory_budget`` when Keras traces the step with an unknown batch
+        dimension, as it does when the last batch of the data is partial).
+
+    Returns
+    -------
+    keras.Model
+        ``model``.
+
+    Raises
+    ------
+    ome.errors.InvalidTypeError
+        ``model`` is not a Keras model.
+    ome.errors.InvalidArgumentError
+        The TensorFlow backend is not active, the class (or instance) overrides
+        ``train_step``, an option is unknown, or the model is compiled with
+        ``run_eagerly=True`` or ``jit_compile=True``.
+
+    Examples
+    --------
+    >>> import numpy as np, keras, ome
+    >>> model = keras.Sequential([keras.Input((8,))] +
+    ...                          [keras.layers.Dense(16, activation="tanh") for _ in range(6)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> model = ome.keras.wrap(model, checkpoints="auto")
+    >>> history = model.fit(np.ones((32, 8)), np.zeros((32, 16)), epochs=1, verbose=0)
+    >>> len(ome.keras.plans(model))  # one traced train step
+    1
+    """
+    _check_model(model)
+    _check_options(options)
+    if model.compiled:
+        _refuse_eager_or_xla(model.run_eagerly, model.jit_compile,
+                             fix="compile the model again without it")
+    step = vars(model).get("train_step")
+    if isinstance(step, _TrainStep):
+        step.options = options
+    else:
+        model.train_step = _TrainStep(model, options)
+        model.compile = _guarded_compile(model)
+    model.train_function = None  # traced again, with ome, on the next fit
+    log.info("ome.keras.wrap: %s trains with ome.gradients(%s)", model.name, options)
+    return model
+
+
+def plans(model):
+    """What ome did in each trace of a wrapped model's train step.
+
+    Parameters
+    ----------
+    model : keras.Model
+        A model passed to :func:`wrap`.
+
+    Returns
+    -------
+    list of (ome.Plan, RewriteInfo)
+        One entry per traced train step and replica, oldest first: the plan (checkpoints,
+        recomputed and swapped tensors) and what the rewrite added (``copied_ops``, ...).
+
+    Examples
+    --------
+    >>> plan, info = ome.keras.plans(model)[-1]  # doctest: +SKIP
+    >>> len(plan.checkpoints), info.copied_ops  # doctest: +SKIP
+    """
+    step = vars(model).get("train_step")
+    if not isinstance(step, _TrainStep):
+        raise errors.InvalidArgumentError(
+            f"model {getattr(model, 'name', model)!r} is not wrapped: call ome.keras.wrap(model) "
+            "first")
+    return list(step.plans)
+
+
+class _TrainStep:
+    """Keras's TensorFlow ``train_step`` with the gradients taken by ``ome.GradientTape``.
+
+    Mirrors ``keras/src/backend/tensorflow/trainer.py``'s ``TensorFlowTrainer.train_step``:
+    the same private hooks (``_compute_loss``, ``_loss_tracker``,
+    ``_call_has_training_arg``), so losses, metrics, sample weights, loss scaling and
+    distribution behave as there.
+    """
+
+    def __init__(self, model, options):
+        self.model = model
+        self.options = options
+        self.plans = []
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, data):
+        model = self.model
+        _refuse_eager_or_xla(tf.executing_eagerly(), model.jit_compile,
+                             fix="set it back to False")
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        _check_batch_known(x, self.options)
+        with GradientTape(**self.options) as tape:
+            y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                       training=True)
+            model._loss_tracker.update_state(unscale_loss_for_distribution(loss),
+                                             sample_weight=tf.shape(_first_input(x))[0])
+            if model.optimizer is not None:
+                loss = model.optimizer.scale_loss(loss)
+        weights = model.trainable_weights
+        if weights:
+            grads = tape.gradient(loss, weights)
+            self.plans.extend(tape.plans)
+            model.optimizer.apply_gradients(zip(grads, weights))
+        else:
+            warnings.warn("The model does not have any trainable weights.")
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _first_input(x):
+    return next(i for i in keras.tree.flatten(x) if i is not None)
+
+
+def _check_model(model):
+    if not isinstance(model, keras.Model):
+        raise errors.InvalidTypeError(
+            f"ome.keras.wrap needs a keras.Model, got {type(model).__name__}")
+    if keras.backend.backend() != "tensorflow":
+        raise errors.InvalidArgumentError(
+            f"ome.keras.wrap needs Keras's TensorFlow backend, this one is "
+            f"{keras.backend.backend()!r}: set KERAS_BACKEND=tensorflow before importing keras")
+    own = vars(model).get("train_step")
+    if type(model).train_step is not keras.Model.train_step or (
+            own is not None and not isinstance(own, _TrainStep)):
+        raise errors.InvalidArgumentError(
+            f"{type(model).__name__} overrides train_step, so ome.keras.wrap cannot replace it "
+            "without losing your code: inside your train_step, replace `with "
+            "tf.GradientTape() as tape:` by `with ome.GradientTape(**options) as tape:` (same "
+            "tape.gradient call), and do not wrap the model")
+
+
+def _check_options(options):
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    accepted = {name for name, parameter in inspect.signature(gradients).parameters.items()
+                if parameter.kind in named} - _STEP_SETS
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise errors.InvalidArgumentError(
+            f"unknown ome option(s) {', '.join(unknown)}; ome.keras.wrap accepts "
+            f"{', '.join(sorted(accepted))}")
+
+
+def _refuse_eager_or_xla(eager, jit_compile, *, fix):
+    """Raise when the train step would run eagerly or under XLA; ``fix`` ends the message."""
+    if eager:
+        raise errors.InvalidArgumentError(
+            "ome.keras.wrap: run_eagerly=True runs the train step eagerly, and eager "
+            f"execution has no graph for ome to rewrite: {fix} (run_eagerly=False is the "
+            "default), or train without ome")
+    if jit_compile is True:
+        raise errors.InvalidArgumentError(
+            "ome.keras.wrap: jit_compile=True hands the train step to XLA, which fuses it again "
+            "and undoes ome's recomputation (same peak as without ome, see docs/KERAS.md): "
+            f"{fix} (jit_compile=False; a wrapped model compiles 'auto' as False)")
+
+
+def _guarded_compile(model):
+    """``model.compile`` that refuses eager/XLA and turns ``jit_compile="auto"`` off."""
+    compile_ = type(model).compile.__get__(model)
+    signature = inspect.signature(compile_)
+
+    @functools.wraps(compile_)
+    def compile(*args, **kwargs):  # pylint: disable=redefined-builtin
+        arguments = signature.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        settings = arguments.arguments
+        _refuse_eager_or_xla(settings.get("run_eagerly"), settings.get("jit_compile"),
+                             fix="leave it out of compile")
+        if settings.get("jit_compile") == "auto":
+            log.info("ome.keras.wrap: jit_compile='auto' compiled as False: XLA would undo "
+                     "ome's rewrite")
+            settings["jit_compile"] = False
+        return compile_(*arguments.args, **arguments.kwargs)
+
+    return compile
+
+
+def _check_batch_known(x, options):
+    """With ``memory_budget``, tensor sizes matter: the batch must be known or given."""
+    if options.get("memory_budget") is None or options.get("batch_size") is not None:
+        return
+    shape = _first_input(x).shape
+    if shape.rank and shape[0] is None:
+        raise errors.InvalidArgumentError(
+            f"ome.keras.wrap(memory_budget=...) plans from tensor sizes, but Keras traces the "
+            f"train step with an unknown batch dimension (input shape {shape}): pass the "
+            f"batch of one replica, e.g. ome.keras.wrap(model, memory_budget="
+            f"{options['memory_budget']!r}, batch_size=32) for fit(batch_size=32) on one "
+            f"device (fit's batch_size divided by the number of replicas)")

@@ -1,0 +1,321 @@
+"""The schedule: what the rewrite builds for a set of per-tensor decisions.
+
+Pure Python over a :class:`ome.graphview.GraphView`. The backward pass is exactly the one
+``tf.gradients`` built; a decision only changes where a backward op reads a forward
+tensor from:
+
+- KEEP: the original, alive from the forward pass to its last reader;
+- RECOMPUTE: a copy of its producer, rebuilt from kept or swapped-in tensors (themselves
+  copied when RECOMPUTE too), started by the backward ops that feed its first reader, so
+  the copy exists only around the backward step that needs it;
+- SWAP: a host copy made right after the forward pass produced it, brought back to the
+  device ``swap_ahead`` backward steps before its first reader.
+
+Each forward op is copied at most once. Copies wait (control inputs) for their *triggers*:
+the main backward ops feeding the first reader, which run before it in every execution,
+so the rewritten graph stays acyclic. An *early* backward op (one that does not wait for
+backprop to start) reading a recomputed or swapped tensor is *deferred*: it waits for the
+same triggers as the first main op it feeds. :func:`replay_order` is the op order the
+simulator replays, and each group records the op it runs right after (``after``).
+"""
+import heapq
+import enum
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Tuple
+
+from ome import errors
+
+
+class Decision(str, enum.Enum):
+    """What happens to one forward tensor that backprop reads."""
+
+    KEEP = "keep"  # stays in device memory from the forward pass to its last reader
+    RECOMPUTE = "recompute"  # freed after the forward pass, its producer copied for backprop
+    SWAP = "swap"  # copied to host memory after the forward pass, back before it is read
+
+
+@dataclass(frozen=True)
+class RecomputeGroup:
+    """Forward ops copied together, when ``triggers`` have run (right after ``after``)."""
+
+    after: str
+    triggers: Tuple[str, ...]
+    ops: Tuple[str, ...]  # forward ops copied, in forward order
+    boundaries: Tuple[str, ...]  # tensors the copies read from the forward pass
+    outputs: Tuple[str, ...]  # tensors whose copies backprop reads
+
+
+@dataclass(frozen=True)
+class SwapIn:
+    """One swapped tensor: copied to the host after its producer, back after ``triggers``."""
+
+    tensor: str
+    after: str
+    triggers: Tuple[str, ...]
+    readers: Tuple[str, ...]  # backward ops and copied ops that read the swapped-in copy
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Everything the rewrite adds, in the order the simulator replays it."""
+
+    groups: Tuple[RecomputeGroup, ...] = ()
+    swaps: Tuple[SwapIn, ...] = ()
+    deferred: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (early backward op, triggers)
+    reroutes: Tuple[Tuple[str, str], ...] = ()  # (backward op, forward tensor it re-reads)
+    swap_ahead: int = 1
+
+    @property
+    def copied_ops(self):
+        return tuple(op for g in self.groups for op in g.ops)
+
+    def is_empty(self):
+        return not self.groups and not self.swaps
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(
+            groups=tuple(RecomputeGroup(**{k: v if k == "after" else tuple(v)
+                                           for k, v in g.items()}) for g in data["groups"]),
+            swaps=tuple(SwapIn(**{k: v if k in ("after", "tensor") else tuple(v)
+                                  for k, v in s.items()}) for s in data["swaps"]),
+            deferred=tuple((op, tuple(t)) for op, t in data["deferred"]),
+            reroutes=tuple((op, t) for op, t in data["reroutes"]),
+            swap_ahead=data["swap_ahead"])
+
+
+@dataclass(frozen=True, order=True)
+class _Need:
+    """When a replacement is first needed: replay position of the reader, its triggers."""
+
+    position: float
+    triggers: Tuple[str, ...]
+
+
+# -- which tensors may take which decision -------------------------------------------------
+
+def forced_keep(view):
+    """``{tensor: reason}`` for saved forward tensors that must stay KEEP."""
+    found = {}
+    early_targets = _early_targets(view)
+    for t in view.saved():
+        for reader in view.value_readers(t):
+            if not view.ops[reader].reroutable:
+                found[t] = f"read by {reader} inside a TF1 loop or cond"
+            elif reader not in view.main and early_targets.get(reader) is None:
+                found[t] = f"read by {reader}, which runs before backprop starts"
+    return found
+
+
+def check_decision(view, tensor, decision, *, what="decision"):
+    """Raise :class:`InvalidArgumentError` if ``tensor`` cannot take ``decision``."""
+    if not view.is_forward_tensor(tensor):
+        where = "a tensor ome made" if tensor in view.tensors else "not in this graph's step"
+        raise errors.InvalidArgumentError(
+            f"{what} for {tensor!r}: it is not a forward tensor of this step ({where}); "
+            "decisions apply to tensors the forward pass computes")
+    info = view.tensors[tensor]
+    op = view.ops[info.op]
+    if decision == Decision.RECOMPUTE and not op.recomputable:
+        raise errors.InvalidArgumentError(
+            f"{what} {decision.value!r} for {tensor!r} cannot be honoured: {op.reason}")
+    if decision == Decision.SWAP and (info.persistent or not info.bytes):
+        raise errors.InvalidArgumentError(
+            f"{what} {decision.value!r} for {tensor!r} cannot be honoured: it "
+            f"{'aliases memory held across steps' if info.persistent else 'has no bytes to move'}")
+    if decision != Decision.KEEP and view.value_readers(tensor):
+        reason = forced_keep(view).get(tensor)
+        if reason:
+            raise errors.InvalidArgumentError(
+                f"{what} {decision.value!r} for {tensor!r} cannot be honoured: it is {reason}")
+
+
+# -- order ---------------------------------------------------------------------------------
+
+def _parents(view, name):
+    op = view.ops[name]
+    return {view.tensors[t].op for t in op.inputs} | set(op.control_inputs)
+
+
+def _levels(view, deferred=()):
+    """``{op: (level, rank)}``: level is the forward position of the latest forward op
+    an op waits for (-1: none); rank a topological rank. Sorting by it gives the order
+    TensorFlow's executor tends to follow: each backward op as soon as it is ready.
+    ``deferred`` adds waits ((op, triggers) pairs)."""
+    extra = {op: set(triggers) for op, triggers in deferred}
+    key = {op: (i, i) for i, op in enumerate(view.forward)}
+    backward = set(view.backward)
+    children, waiting = {}, {}
+    for name in view.backward:
+        parents = {p for p in _parents(view, name) | extra.get(name, set()) if p in backward}
+        waiting[name] = len(parents)
+        for p in parents:
+            children.setdefault(p, []).append(name)
+    index = {op: i for i, op in enumerate(view.backward)}
+    ready = [(index[op], op) for op in view.backward if waiting[op] == 0]
+    heapq.heapify(ready)
+    rank = len(view.forward)
+    while ready:
+        _, name = heapq.heappop(ready)
+        level = max((key[p][0] for p in _parents(view, name) | extra.get(name, set())),
+                    default=-1)
+        key[name] = (level, rank)
+        rank += 1
+        for c in children.get(name, ()):
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                heapq.heappush(ready, (index[c], c))
+    if len(key) != len(view.forward) + len(view.backward):
+        raise errors.InternalError("the deferred backward ops form a cycle")
+    return key
+
+
+def replay_order(view, deferred=()):
+    """Ops in the order the simulator replays them (see :func:`_levels`)."""
+    key = _levels(view, deferred)
+    return sorted(key, key=key.__getitem__)
+
+
+def _triggers(view, name, levels):
+    """What a copy needed by backward op ``name`` waits for: the ops of the gradient flow
+    feeding ``name``; and the producers of ys when those wait for no forward op (the
+    gradient then starts from constants, and the forward pass must end first)."""
+    seeds = set(view.seeds)
+    found = {p for p in _parents(view, name) if p in view.main or p in seeds}
+    if all(levels[p][0] < 0 for p in found):
+        found |= {view.tensors[y].op for y in view.ys}
+    return tuple(sorted(found))
+
+
+def _early_targets(view):
+    """For each early backward op, the first main op (in backward order) it feeds."""
+    backward_index = {op: i for i, op in enumerate(view.backward)}
+    target: Dict[str, Optional[str]] = {}
+    for name in reversed(view.backward):
+        if name in view.main:
+            continue
+        best = None
+        for t in view.ops[name].outputs:
+            for c in view.consumers[t]:
+                candidate = c if c in view.main else target.get(c)
+                if candidate is not None and (
+                        best is None or backward_index[candidate] < backward_index[best]):
+                    best = candidate
+        target[name] = best
+    return target
+
+
+# -- the schedule --------------------------------------------------------------------------
+
+def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1):
+    """The :class:`Schedule` for ``decisions`` (tensor name -> Decision; missing = KEEP)."""
+    for tensor, decision in decisions.items():
+        if decision != Decision.KEEP:
+            check_decision(view, tensor, decision)
+
+    def decision_of(t):
+        return decisions.get(t, Decision.KEEP)
+
+    replaced = [t for t in view.saved() if decision_of(t) != Decision.KEEP]
+    copies = _ops_to_copy(view, replaced, decision_of)
+    targets = _early_targets(view)
+    levels = _levels(view)
+
+    def reader_need(reader):
+        main = reader if reader in view.main else targets[reader]
+        return _Need(levels[main][1] - (0 if main == reader else 0.5),
+                     _triggers(view, main, levels))
+
+    # When each copied op is first needed: by its readers in backprop, or by a later copy.
+    need: Dict[str, _Need] = {}
+    for op in sorted(copies, key=view.position.__getitem__, reverse=True):
+        candidates = [reader_need(r) for t in view.ops[op].outputs
+                      if decision_of(t) == Decision.RECOMPUTE for r in view.value_readers(t)]
+        candidates += [need[c] for t in view.ops[op].outputs
+                       if decision_of(t) == Decision.RECOMPUTE
+                       for c in view.consumers[t] if c in copies]
+        need[op] = min(candidates)
+    deferred = sorted({(r, reader_need(r).triggers) for t in replaced
+                       for r in view.value_readers(t) if r not in view.main},
+                      key=lambda item: view.position[item[0]])
+    anchor = _levels(view, deferred)
+
+    def after(triggers):
+        return max(triggers, key=anchor.__getitem__)
+
+    groups = _groups(view, copies, need, decision_of, after)
+    swaps = []
+    for t in _swapped(view, replaced, copies, decision_of):
+        readers = view.value_readers(t)
+        copy_readers = tuple(c for c in view.consumers[t] if c in copies)
+        first = min([reader_need(r) for r in readers] + [need[c] for c in copy_readers])
+        triggers = _ahead(view, first.triggers, swap_ahead)
+        swaps.append(SwapIn(t, after(triggers), triggers, readers + copy_readers))
+    swaps.sort(key=lambda s: (anchor[s.after], view.position[view.tensors[s.tensor].op]))
+    reroutes = tuple((r, t) for t in replaced for r in view.value_readers(t))
+    return Schedule(groups=tuple(groups), swaps=tuple(swaps), deferred=tuple(deferred),
+                    reroutes=reroutes, swap_ahead=swap_ahead)
+
+
+def _swapped(view, replaced, copies, decision_of):
+    """SWAP tensors something reads back: saved ones, and boundaries of copies."""
+    read_by_copies = {t for op in copies for t in view.ops[op].inputs}
+    found = [t for t in replaced if decision_of(t) == Decision.SWAP]
+    found += sorted((t for t in read_by_copies
+                     if decision_of(t) == Decision.SWAP and t not in set(replaced)),
+                    key=lambda t: view.position[view.tensors[t].op])
+    for t in found:
+        check_decision(view, t, Decision.SWAP)
+    return found
+
+
+def _ops_to_copy(view, replaced, decision_of):
+    """Forward ops to copy: producers of recomputed saved tensors, and of the recomputed
+    tensors those copies read, back to kept or swapped boundaries."""
+    copies, stack = set(), [view.tensors[t].op for t in replaced
+                            if decision_of(t) == Decision.RECOMPUTE]
+    while stack:
+        op = stack.pop()
+        if op in copies:
+            continue
+        copies.add(op)
+        for t in view.ops[op].inputs:
+            if decision_of(t) == Decision.RECOMPUTE:
+                check_decision(view, t, Decision.RECOMPUTE)
+                stack.append(view.tensors[t].op)
+    return copies
+
+
+def _groups(view, copies, need, decision_of, after):
+    by_trigger: Dict[Tuple[str, ...], list] = {}
+    for op in copies:
+        by_trigger.setdefault(need[op].triggers, []).append(op)
+    groups = []
+    for triggers, ops in by_trigger.items():
+        ops.sort(key=view.position.__getitem__)
+        members = set(ops)
+        boundaries = sorted({t for op in ops for t in view.ops[op].inputs
+                             if view.tensors[t].op not in members},
+                            key=lambda t: view.position[view.tensors[t].op])
+        outputs = [t for op in ops for t in view.ops[op].outputs
+                   if decision_of(t) == Decision.RECOMPUTE and view.value_readers(t)]
+        groups.append(RecomputeGroup(after(triggers), triggers, tuple(ops),
+                                     tuple(boundaries), tuple(outputs)))
+    groups.sort(key=lambda g: (min(need[op].position for op in g.ops), g.triggers))
+    return groups
+
+
+def _ahead(view, triggers, hops):
+    """Main backward ancestors ``hops`` steps before ``triggers`` (the earliest reached when
+    backprop starts sooner): a swap-in started there overlaps the ops in between."""
+    frontier = set(triggers)
+    for _ in range(hops):
+        parents = set()
+        for op in frontier:
+            if op in view.main:
+                parents.update(p for p in _parents(view, op)
+                               if p in view.main or p in view.seeds)
+        if not parents:
+            break
+        frontier = parents
+    return tuple(sorted(frontier))

@@ -1,0 +1,74 @@
+"""Every use of TensorFlow's private graph APIs, in one place.
+
+TensorFlow has no public API to copy an op, re-point one of its inputs or add control
+inputs after creation, nor to ask an op for its creation order or control-flow context.
+ome needs each of these; they are wrapped here so that a TensorFlow upgrade that changes
+them breaks one module. ``ome.patch``'s monkeypatching of ``tf.gradients`` also lives here.
+"""
+import importlib
+
+import tensorflow as tf
+
+
+def creation_id(op):
+    """The op's creation index in its graph (increases with creation order)."""
+    return op._id  # pylint: disable=protected-access
+
+
+def in_v1_control_flow(op):
+    """Whether ``op`` sits inside a TF1 ``tf.while_loop``/``tf.cond`` frame."""
+    return op._get_control_flow_context() is not None  # pylint: disable=protected-access
+
+
+def copy_op(op, inputs, control_inputs, name):
+    """A copy of ``op`` reading ``inputs``, on the original's device, after ``control_inputs``."""
+    graph = op.graph
+    attrs = {key: value for key, value in op.node_def.attr.items()}
+    copy = graph._create_op_internal(  # pylint: disable=protected-access
+        op.type, inputs, dtypes=[t.dtype for t in op.outputs], name=name,
+        attrs=attrs, op_def=op.op_def, compute_device=False)
+    copy._set_device(op.device)  # pylint: disable=protected-access
+    if control_inputs:
+        copy._add_control_inputs(control_inputs)  # pylint: disable=protected-access
+    return copy
+
+
+def add_control_inputs(op, control_inputs):
+    """Make ``op`` wait for every op in ``control_inputs``."""
+    op._add_control_inputs(list(control_inputs))  # pylint: disable=protected-access
+
+
+def update_input(op, index, tensor):
+    """Make input ``index`` of ``op`` read ``tensor``."""
+    op._update_input(index, tensor)  # pylint: disable=protected-access
+
+
+def protect_from_grappler(op):
+    """Keep Grappler's dependency optimizer from removing an identity-like op."""
+    op._set_attr("_grappler_do_not_remove",  # pylint: disable=protected-access
+                 tf.compat.v1.AttrValue(b=True))
+
+
+# (module, attribute) pairs holding the gradients function TensorFlow code calls.
+GRADIENTS_FUNCTIONS = (
+    ("tensorflow", "gradients"),
+    ("tensorflow.compat.v1", "gradients"),
+    ("tensorflow.python.ops.gradients", "gradients"),
+    ("tensorflow.python.ops.gradients_impl", "gradients"),
+)
+
+
+def replace_gradients_function(replacement):
+    """Point every name in ``GRADIENTS_FUNCTIONS`` at ``replacement``; returns what to restore."""
+    saved = []
+    for module_name, attr in GRADIENTS_FUNCTIONS:
+        module = importlib.import_module(module_name)
+        saved.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, replacement)
+    return saved
+
+
+def restore_functions(saved):
+    """Undo :func:`replace_gradients_function`."""
+    for module, attr, original in saved:
+        setattr(module, attr, original)

@@ -1,0 +1,292 @@
+"""Judging ``ome.gradients`` on random programs (:mod:`tests.randomgraphs`) against
+``tf.gradients``.
+
+:data:`SETTINGS` are the ome options every program is judged under; some name tensors or
+sizes of the program (:class:`Pick`, :class:`Budget`) and are made concrete per program
+by :func:`options_for`. :func:`judge` builds one program in a fresh graph, builds both
+gradients, runs them in one ``session.run`` and returns a :class:`Verdict`.
+
+Verdict kinds: ``exact``; ``refused`` (ome raised an :class:`ome.errors.OmeError` and left
+the graph as it was; it is *documented* when its message matches :data:`DOCUMENTED_LIMITS`
+for that setting, else a false refusal); and the failures ``wrong_value``, ``wrong_none``
+(ome's ``None`` gradients are not where ``tf.gradients`` has them), ``crash`` (any other
+exception, ``ome.errors.InternalError`` included, or a TensorFlow error at run time) and
+``refusal_changed_graph`` (an OmeError after ops were added). ``invalid_program`` means
+the reference itself failed (``tf.gradients`` raised or is not finite): a generator bug.
+"""
+import inspect
+import random
+import re
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import numpy as np
+import tensorflow as tf
+
+import ome
+from ome.errors import InternalError, OmeError
+from tests.randomgraphs import TOLERANCE, Interior
+
+HOST = "/device:CPU:1"
+RUN_TIMEOUT_MS = 60_000  # a deadlocked rewrite becomes a crash, not a hang
+
+FAILURES = ("wrong_value", "wrong_none", "crash", "refusal_changed_graph", "invalid_program")
+KINDS = ("exact", "refused") + FAILURES
+
+
+class Pick:
+    """A placeholder in a setting for tensors drawn from the program's ``interior``."""
+
+    def __init__(self, what):
+        self.what = what
+
+    def __repr__(self):
+        return f"<{self.what}>"
+
+
+CHECKPOINT_LIST = Pick("checkpoint list")
+SWAP_SUBSET = Pick("subset of the checkpoint list")
+PINS = Pick("pins")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget: the program's variables plus ``fraction`` x its float activation
+    bytes (ome counts variables against the budget before it plans activations)."""
+
+    fraction: float
+
+    def bytes_for(self, program):
+        return program.variable_bytes() + max(1, int(self.fraction * program.activation_bytes()))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Named keyword arguments to ``ome.gradients`` (may hold Picks and Budgets)."""
+
+    name: str
+    options: Dict[str, Any]
+
+
+def pins_supported():
+    """Whether this ome takes ``pin=`` (the feature is being added)."""
+    return "pin" in inspect.signature(ome.gradients).parameters
+
+
+SETTINGS = [
+    Setting("auto", {"checkpoints": "auto"}),
+    Setting("memory", {"checkpoints": "memory"}),
+    Setting("speed", {"checkpoints": "speed"}),
+    Setting("explicit", {"checkpoints": CHECKPOINT_LIST}),
+    Setting("swap-auto", {"swap": "auto", "host_device": HOST}),
+    Setting("swap-list", {"checkpoints": CHECKPOINT_LIST, "swap": SWAP_SUBSET,
+                          "host_device": HOST}),
+    Setting("budget-0.3", {"memory_budget": Budget(0.3)}),
+    Setting("budget-0.6", {"memory_budget": Budget(0.6)}),
+    Setting("budget-1.2", {"memory_budget": Budget(1.2)}),
+] + ([Setting("pin", {"pin": PINS, "host_device": HOST})] if pins_supported() else [])
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A documented reason for ome to refuse: settings whose name starts with
+    ``setting`` may raise a message matching ``pattern`` (case-insensitive)."""
+
+    setting: str
+    pattern: str
+    reason: str
+
+
+# The one list of refusals the harness accepts; any other refusal is a false refusal.
+DOCUMENTED_LIMITS = [
+    Limit("budget", r"cannot fit", "budget below the smallest reachable peak"),
+    Limit("memory", r"no bottleneck", "no single-tensor bottleneck"),
+    # Stateful ops are never recomputed (README, Limits); Identity is not stateful.
+    Limit("pin", r"cannot be honoured: (?!Identity\b)\w+ is stateful",
+          "recompute pinned on a stateful op's output"),
+]
+
+
+def documented_reason(setting, message):
+    """The reason of the documented limit ``message`` matches under ``setting``, or None."""
+    for limit in DOCUMENTED_LIMITS:
+        if setting.name.startswith(limit.setting) and re.search(limit.pattern, message, re.I):
+            return limit.reason
+    return None
+
+
+@dataclass
+class Verdict:
+    """How ome did on one program under one setting."""
+
+    kind: str
+    setting: str
+    message: str = ""
+    reason: Optional[str] = None  # for a refusal: the documented limit it matches
+    seconds: float = 0.0
+
+    @property
+    def ok(self):
+        """Exact, or refused for a documented reason."""
+        return self.kind == "exact" or (self.kind == "refused" and self.reason is not None)
+
+    @property
+    def label(self):
+        """The summary category: the kind, with refusals split into documented / false."""
+        if self.kind != "refused":
+            return self.kind
+        return f"refused: {self.reason}" if self.reason else "false_refusal"
+
+
+# ---------------------------------------------------------------------------------------
+# Settings made concrete for one program
+# ---------------------------------------------------------------------------------------
+
+def options_for(program, setting):
+    """``setting``'s options for ``program``: Picks become lists / dicts of
+    :class:`Interior` references, Budgets become ints. Deterministic per program and
+    setting."""
+    rng = random.Random(f"{program.fingerprint()}/{setting.name}")
+    refs = [Interior(i) for i in range(len(program.interior))]
+    checkpoints = sorted(rng.sample(refs, rng.randint(1, min(3, len(refs)))) if refs else [],
+                         key=lambda r: r.index)
+    concrete = {}
+    for key, value in setting.options.items():
+        if value is CHECKPOINT_LIST:
+            concrete[key] = checkpoints
+        elif value is SWAP_SUBSET:
+            concrete[key] = checkpoints[:rng.randint(1, len(checkpoints))] if checkpoints else []
+        elif value is PINS:
+            chosen = rng.sample(refs, min(3, len(refs)))
+            concrete[key] = {ref: rng.choice(("keep", "recompute", "swap")) for ref in chosen}
+        elif isinstance(value, Budget):
+            concrete[key] = value.bytes_for(program)
+        else:
+            concrete[key] = value
+    return concrete
+
+
+def replay_script(program, setting):
+    """The standalone script replaying ``program`` under ``setting``."""
+    return program.to_script(options_for(program, setting))
+
+
+# ---------------------------------------------------------------------------------------
+# Judging
+# ---------------------------------------------------------------------------------------
+
+def session_config():
+    """Two logical CPUs, so the emulated host ``/device:CPU:1`` exists in the session."""
+    return tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+
+
+def _error_text(err):
+    return f"{type(err).__name__}: {str(err).strip()}"
+
+
+def _dense(gradient):
+    return tf.convert_to_tensor(gradient)
+
+
+def _none_pattern(gradients):
+    return [i for i, g in enumerate(gradients) if g is None]
+
+
+def _none_difference(want, got):
+    """Where ome's None gradients differ from tf.gradients', in words."""
+    missing = [i for i, (w, g) in enumerate(zip(want, got)) if w is not None and g is None]
+    extra = [i for i, (w, g) in enumerate(zip(want, got)) if w is None and g is not None]
+    parts = []
+    if missing:
+        parts.append(f"ome returns None where tf.gradients has a gradient (xs{missing})")
+    if extra:
+        parts.append(f"ome returns a gradient where tf.gradients has None (xs{extra})")
+    return "; ".join(parts)
+
+
+def _compare(want, got, case):
+    """Run both gradients in one session.run; return (kind, message)."""
+    pairs = [(i, w, g) for i, (w, g) in enumerate(zip(want, got))
+             if w is not None and g is not None]
+    fetches = [(_dense(w), _dense(g)) for _, w, g in pairs]
+    init = tf.compat.v1.global_variables_initializer()
+    options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
+    with tf.compat.v1.Session(config=session_config()) as session:
+        session.run(init)
+        values = session.run(fetches, case.feed, options=options)
+    mismatches = []
+    for (i, _, _), (w, g) in zip(pairs, values):
+        if not np.all(np.isfinite(w)):
+            return "invalid_program", f"tf.gradients for xs[{i}] is not finite"
+        limit = TOLERANCE * max(1.0, float(np.abs(w).max()))
+        difference = float(np.abs(w - g).max()) if np.all(np.isfinite(g)) else np.inf
+        if difference > limit:
+            mismatches.append(f"xs[{i}]: max abs difference {difference:.3g} > {limit:.3g}")
+    return ("wrong_value", "; ".join(mismatches)) if mismatches else ("exact", "")
+
+
+def _judge_in_graph(program, setting, graph):
+    """The (kind, message, reason) of ``program`` under ``setting``, built in ``graph``."""
+    case = program.build()
+    options = case.bind(options_for(program, setting))
+    try:
+        want = tf.gradients(case.ys, case.xs, case.grad_ys)
+    except Exception as err:  # pylint: disable=broad-except
+        return "invalid_program", "tf.gradients raised " + _error_text(err), None
+    ops_before = len(graph.get_operations())
+    try:
+        got = ome.gradients(case.ys, case.xs, case.grad_ys, **options)
+    except OmeError as err:
+        if isinstance(err, InternalError):
+            return "crash", traceback.format_exc(), None
+        message = _error_text(err)
+        if len(graph.get_operations()) != ops_before:
+            return "refusal_changed_graph", message, None
+        return "refused", message, documented_reason(setting, message)
+    except Exception:  # pylint: disable=broad-except
+        return "crash", traceback.format_exc(), None
+    if _none_pattern(got) != _none_pattern(want):
+        return "wrong_none", _none_difference(want, got), None
+    try:
+        kind, message = _compare(want, got, case)
+    except Exception as err:  # pylint: disable=broad-except
+        return "crash", "at run time: " + _error_text(err), None
+    return kind, message, None
+
+
+def judge(program, setting):
+    """Build ``program`` in a fresh graph and judge ``ome.gradients`` under ``setting``."""
+    start = time.perf_counter()
+    graph = tf.Graph()
+    with graph.as_default():
+        kind, message, reason = _judge_in_graph(program, setting, graph)
+    return Verdict(kind, setting.name, message, reason, time.perf_counter() - start)
+
+
+def settings_named(names):
+    """The settings listed in ``names`` ("all" or comma-separated names)."""
+    if names == "all":
+        return list(SETTINGS)
+    known = {s.name: s for s in SETTINGS}
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(f"unknown settings {unknown}; known: {', '.join(known)}")
+    return [known[n] for n in wanted]
+
+
+def failure_class(verdict):
+    """A short description shared by verdicts that fail the same way: the label and the
+    last line of the message with names, shapes and numbers blanked; wrong values are one
+    class."""
+    if verdict.kind == "wrong_value":
+        return verdict.kind
+    lines = verdict.message.strip().splitlines()
+    last = lines[-1] if lines else ""
+    for pattern, blank in ((r"'[^']*'|\"[^\"]*\"", "'…'"), (r"<[^>]*>", "<…>"),
+                           (r"\([^)]*\)", "(…)"), (r"[\w/]+:\d+", "…"),
+                           (r"\d+(\.\d+)?(e[-+]?\d+)?", "N")):
+        last = re.sub(pattern, blank, last)
+    return f"{verdict.label}: {last[:160]}"

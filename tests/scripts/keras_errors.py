@@ -1,0 +1,108 @@
+"""ome.keras.wrap's refusals and settings, and ome.patch's warning around a Keras fit.
+
+Run by tests/test_keras.py. Each refusal is an ``ome.errors`` exception whose message names
+the option and the fix, raised before anything on the model changes.
+"""
+import logging
+import sys
+
+import ome
+
+assert "ome.keras" not in sys.modules, "import ome imported ome.keras"
+
+import numpy as np  # noqa: E402
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from keras_common import assert_ome_rewrote  # noqa: E402
+
+x = np.random.RandomState(0).randn(1024, 8).astype("float32")
+y = np.random.RandomState(1).randn(1024, 4).astype("float32")
+
+
+def mlp(cls=keras.Sequential, **compile_args):
+    model = cls([keras.Input((8,))] + [keras.layers.Dense(32, activation="tanh")
+                                       for _ in range(12)] + [keras.layers.Dense(4)])
+    if compile_args:
+        model.compile(optimizer="sgd", loss="mse", **compile_args)
+    return model
+
+
+def fit(model, rows=1024):
+    """One epoch of batches of 256; ``rows=1000`` ends on a partial batch, so Keras traces
+    the step with an unknown batch dimension (with 1024 rows it traces batch 256)."""
+    return model.fit(x[:rows], y[:rows], batch_size=256, epochs=1, verbose=0)
+
+
+def refused(call, error, *words):
+    """``call()`` raises ``error`` whose message holds every word; returns the message."""
+    try:
+        call()
+    except error as err:
+        message = str(err)
+        missing = [w for w in words if w not in message]
+        assert not missing, (missing, message)
+        return message
+    raise AssertionError(f"no {error.__name__} raised")
+
+
+def refused_unchanged(model, error, *words, **options):
+    """``ome.keras.wrap(model, **options)`` raises and leaves the model as it was."""
+    before = dict(vars(model))
+    message = refused(lambda: ome.keras.wrap(model, **options), error, *words)
+    assert vars(model) == before, "wrap changed the model before refusing"
+    return message
+
+
+class OwnStep(keras.Sequential):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+print("OK", refused(lambda: ome.keras.wrap("model"), ome.errors.InvalidTypeError, "keras.Model"))
+print("OK", refused_unchanged(mlp(run_eagerly=True), ome.errors.InvalidArgumentError,
+                              "run_eagerly=True", "eager"))
+print("OK", refused_unchanged(mlp(jit_compile=True), ome.errors.InvalidArgumentError,
+                              "jit_compile=True", "XLA"))
+print("OK", refused_unchanged(mlp(OwnStep, jit_compile=False), ome.errors.InvalidArgumentError,
+                              "overrides train_step", "ome.GradientTape"))
+print("OK", refused_unchanged(mlp(), ome.errors.InvalidArgumentError, "checkpoint",
+                              checkpoint="auto"))
+
+# Wrapped before compile: compile is guarded, jit_compile="auto" becomes False.
+model = ome.keras.wrap(mlp())
+print("OK", refused(lambda: model.compile(optimizer="sgd", loss="mse", jit_compile=True),
+                    ome.errors.InvalidArgumentError, "jit_compile=True"))
+print("OK", refused(lambda: model.compile(optimizer="sgd", loss="mse", run_eagerly=True),
+                    ome.errors.InvalidArgumentError, "run_eagerly=True"))
+model.compile(optimizer="sgd", loss="mse", jit_compile="auto")
+assert model.jit_compile is False
+fit(model)
+print("OK wrap before compile:", assert_ome_rewrote(model))
+
+# Changed after wrapping: the traced step refuses.
+model = ome.keras.wrap(mlp(jit_compile=False))
+model.run_eagerly = True
+print("OK", refused(lambda: fit(model), ome.errors.InvalidArgumentError, "run_eagerly=True"))
+
+# memory_budget needs sizes; Keras traces with an unknown batch dimension.
+model = ome.keras.wrap(mlp(jit_compile=False), memory_budget="512KiB")
+print("OK", refused(lambda: fit(model, rows=1000), ome.errors.InvalidArgumentError,
+                    "memory_budget", "batch_size=", "unknown batch dimension"))
+ome.keras.wrap(model, memory_budget="512KiB", batch_size=256)
+fit(model, rows=1000)
+print("OK memory_budget with batch_size:", ome.keras.plans(model)[-1][0].policy)
+
+# ome.patch around fit: nothing calls tf.gradients, one warning per process.
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+logging.getLogger("ome.patch").addHandler(handler)
+for _ in range(2):
+    with ome.patch() as calls:
+        fit(mlp(jit_compile=False))
+assert not calls
+assert len(records) == 1 and records[0].levelno == logging.WARNING, records
+assert "ome.keras.wrap" in records[0].getMessage()
+print("OK patch warns once:", records[0].getMessage())
+assert tf.executing_eagerly()

@@ -1,0 +1,135 @@
+"""One training step with ome.keras.wrap equals plain Keras on varied models; a 3-epoch fit.
+
+Run by tests/test_keras.py. Dropout stays on: both twins are built after the same
+``keras.utils.set_random_seed`` so they draw the same masks, and ome's recomputed dropout
+redraws the same mask (a stateless op fed the same seed tensor).
+"""
+import numpy as np
+import keras
+from keras import layers
+
+from keras_common import assert_ome_rewrote, assert_same_weights, one_step, twins
+
+rng = np.random.RandomState(0)
+
+
+def transformer():
+    tokens = keras.Input((16,), dtype="int32")
+    h = layers.Embedding(50, 32)(tokens)
+    for _ in range(2):
+        attended = layers.MultiHeadAttention(num_heads=4, key_dim=8, dropout=0.1)(h, h)
+        h = layers.LayerNormalization()(h + layers.Dropout(0.1)(attended))
+        ffn = layers.Dense(32)(layers.Dense(64, activation="gelu")(h))
+        h = layers.LayerNormalization()(h + layers.Dropout(0.1)(ffn))
+    out = layers.Dense(5)(layers.GlobalAveragePooling1D()(h))
+    model = keras.Model(tokens, out)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def two_in_two_out():
+    a, b = keras.Input((12,), name="a"), keras.Input((6,), name="b")
+    h = layers.Concatenate()([layers.Dense(32, activation="relu")(a), b])
+    for _ in range(4):
+        h = layers.Dense(32, activation="tanh")(h)
+    model = keras.Model({"a": a, "b": b}, {"value": layers.Dense(1, name="value")(h),
+                                           "label": layers.Dense(3, name="label")(h)})
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss={"value": "mse", "label": keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True)},
+                  loss_weights={"value": 0.5, "label": 1.0},
+                  metrics={"value": ["mae"], "label": ["accuracy"]})
+    return model
+
+
+def cnn(steps_per_execution=1):
+    model = keras.Sequential([keras.Input((16, 16, 3))])
+    for filters in (8, 16, 16, 16, 16, 16):
+        model.add(layers.Conv2D(filters, 3, padding="same", use_bias=False))
+        model.add(layers.BatchNormalization())
+        model.add(layers.ReLU())
+    model.add(layers.MaxPooling2D())
+    model.add(layers.Dropout(0.3))
+    model.add(layers.Conv2D(16, 3, activation="relu"))
+    model.add(layers.BatchNormalization())
+    model.add(layers.GlobalAveragePooling2D())
+    model.add(layers.Dropout(0.2))
+    model.add(layers.Dense(4))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    return model
+
+
+def check_one_step(name, make, fit):
+    plain, _, wrapped, _ = twins(make, fit)
+    assert_same_weights(plain, wrapped)
+    print(f"OK step {name}: {assert_ome_rewrote(wrapped)}")
+
+
+def check_three_epochs():
+    """fit with validation, callbacks, steps_per_execution; evaluate and predict agree."""
+    x = rng.rand(96, 16, 16, 3).astype("float32")
+    y = rng.randint(0, 4, 96)
+    seen = []
+
+    def fit(model):
+        history = model.fit(x[:64], y[:64], batch_size=16, epochs=3, shuffle=False, verbose=0,
+                            validation_data=(x[64:], y[64:]), callbacks=[keras.callbacks.
+                            LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(epoch))])
+        return (history.history, model.evaluate(x[64:], y[64:], verbose=0, return_dict=True),
+                model.predict(x[64:], verbose=0))
+
+    plain, (history, scores, predicted), wrapped, (ome_history, ome_scores, ome_predicted) = (
+        twins(lambda: cnn(steps_per_execution=2), fit))
+    assert seen == [0, 1, 2, 0, 1, 2], seen
+    assert history.keys() == ome_history.keys()
+    for key, values in history.items():
+        np.testing.assert_allclose(ome_history[key], values, rtol=1e-4, atol=1e-4, err_msg=key)
+        print(f"HISTORY {key} plain {values} ome {ome_history[key]}")
+    for key, value in scores.items():
+        np.testing.assert_allclose(ome_scores[key], value, rtol=1e-4, atol=1e-4, err_msg=key)
+    np.testing.assert_allclose(ome_predicted, predicted, rtol=1e-4, atol=1e-5)
+    assert_same_weights(plain, wrapped, rtol=1e-4, atol=1e-6)
+    print(f"OK fit 3 epochs: {assert_ome_rewrote(wrapped)}")
+
+
+check_one_step("transformer", transformer,
+               one_step(rng.randint(0, 50, (8, 16)), rng.randint(0, 5, 8), 8))
+inputs = {"a": rng.randn(256, 12).astype("float32"), "b": rng.randn(256, 6).astype("float32")}
+targets = {"value": rng.randn(256, 1).astype("float32"), "label": rng.randint(0, 3, 256)}
+check_one_step("two inputs two outputs", two_in_two_out,
+               one_step(inputs, targets, 256, sample_weight=rng.rand(256).astype("float32")))
+check_one_step("batchnorm dropout cnn", cnn,
+               one_step(rng.rand(8, 16, 16, 3).astype("float32"), rng.randint(0, 4, 8), 8))
+check_three_epochs()
+
+
+def check_mixed_precision():
+    """mixed_float16: compile wraps the optimizer in a LossScaleOptimizer; 3 steps agree."""
+    def make():
+        model = keras.Sequential([keras.Input((32,))] + [
+            layers.Dense(64, activation="tanh") for _ in range(6)] + [
+            layers.Dense(3, dtype="float32")])
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+        return model
+
+    def fit(model):
+        return model.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0).history
+
+    x, y = rng.randn(384, 32).astype("float32"), rng.randn(384, 3).astype("float32")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        plain, history, wrapped, ome_history = twins(make, fit)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(wrapped.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert wrapped.layers[0].compute_dtype == "float16"
+    np.testing.assert_allclose(ome_history["loss"], history["loss"], rtol=1e-4)
+    assert_same_weights(plain, wrapped, rtol=1e-3, atol=1e-5)
+    print(f"OK mixed precision: {assert_ome_rewrote(wrapped)}")
+
+
+check_mixed_precision()

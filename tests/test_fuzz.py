@@ -1,0 +1,111 @@
+"""Random graphs: ome.gradients equals tf.gradients under every setting, or refuses for a
+documented reason (tests/fuzzing.py). The long run is ``python -m tests.fuzz``.
+
+A failure prints the replay script of the program: save it and run it from the
+repository root.
+"""
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ome
+from ome import errors
+from tests import fuzzing, randomgraphs
+
+PROGRAMS = 30  # seeds 0..29
+SIZE = 8  # generation steps per program, at most: keeps the run near a minute
+
+
+@pytest.fixture(autouse=True)
+def _quiet_ome(caplog):
+    """ome logs a line per call; only errors matter here."""
+    caplog.set_level(logging.ERROR, logger="ome")
+
+
+def _report(program, failures):
+    """The failing settings, their verdicts, and the replay script of the first."""
+    lines = [program.describe()]
+    for setting, verdict in failures:
+        last = verdict.message.strip().splitlines()[-1:] or [""]
+        lines.append(f"  {setting.name} {fuzzing.options_for(program, setting)}: "
+                     f"{verdict.label}: {last[0]}")
+    first = failures[0][0]
+    lines += [f"\nReplay script ({first.name}):\n", fuzzing.replay_script(program, first)]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("seed", range(PROGRAMS))
+def test_random_program_every_setting(seed):
+    program = randomgraphs.generate(seed, size=SIZE)
+    failures = [(setting, verdict) for setting in fuzzing.SETTINGS
+                for verdict in [fuzzing.judge(program, setting)] if not verdict.ok]
+    if failures:
+        pytest.fail(_report(program, failures), pytrace=False)
+
+
+# ---------------------------------------------------------------------------------------
+# The harness itself: each verdict kind is recognised (ome replaced by a fake)
+# ---------------------------------------------------------------------------------------
+
+def _tanh_program():
+    """y = tanh(x) for one 4x8 placeholder x."""
+    x = randomgraphs.Value((4, 8), leaf=True)
+    ops = [randomgraphs.Op("placeholder", (), dict(shape=(4, 8), seed=0, dtype="float32",
+                                                   scale=1.0), (0,)),
+           randomgraphs.Op("tanh", (0,), {}, (1,))]
+    return randomgraphs.Program([x, randomgraphs.Value((4, 8))], ops, ys=[1], xs=[0],
+                                grad_ys=None, interior=[])
+
+
+def _plain(ys, xs, grad_ys, **_):
+    return tf.gradients(ys, xs, grad_ys)
+
+
+def _shifted(ys, xs, grad_ys, **_):
+    return [g + 1.0 for g in tf.gradients(ys, xs, grad_ys)]
+
+
+def _nones(ys, xs, grad_ys, **_):
+    return [None for _ in xs]
+
+
+def _refuses_after_adding_an_op(ys, xs, grad_ys, **_):
+    tf.constant(0.0)
+    raise errors.InvalidArgumentError("refused late")
+
+
+def _runtime_error(ys, xs, grad_ys, **_):
+    return [tf.debugging.check_numerics(g * np.nan, "boom") for g in tf.gradients(ys, xs)]
+
+
+def _raises(error):
+    def fake(ys, xs, grad_ys, **_):
+        raise error
+    return fake
+
+
+@pytest.mark.parametrize("fake, setting, label", [
+    (_plain, "auto", "exact"),
+    (_shifted, "auto", "wrong_value"),
+    (_nones, "auto", "wrong_none"),
+    (_refuses_after_adding_an_op, "auto", "refusal_changed_graph"),
+    (_raises(errors.BudgetError("cannot fit in 1 KiB")), "budget-0.3",
+     "refused: budget below the smallest reachable peak"),
+    (_raises(errors.BudgetError("cannot fit in 1 KiB")), "auto", "false_refusal"),
+    (_raises(errors.InternalError("invariant broken")), "auto", "crash"),
+    (_raises(RuntimeError("bug")), "auto", "crash"),
+    (_runtime_error, "auto", "crash"),
+])
+def test_judge_recognises(monkeypatch, fake, setting, label):
+    monkeypatch.setattr(ome, "gradients", fake)
+    verdict = fuzzing.judge(_tanh_program(), fuzzing.settings_named(setting)[0])
+    assert verdict.label == label, verdict.message
+
+
+def test_replay_script_rebuilds_the_program():
+    program = randomgraphs.generate(3)
+    script = fuzzing.replay_script(program, fuzzing.settings_named("explicit")[0])
+    assert program.source() in script and "ome.gradients(ys, xs, grad_ys, checkpoints=" in script
+    compile(script, "replay.py", "exec")

@@ -1,0 +1,37 @@
+"""ome.keras.wrap: Keras 3 model.fit trained with ome's gradients.
+
+Keras needs eager execution, which this pytest process turned off (tests/conftest.py), so
+each check runs a script of tests/scripts in a process of its own and reads its ``OK`` lines.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run_script(name, timeout=600):
+    """Run ``tests/scripts/<name>``; its ``OK ...`` lines, or fail with its stderr."""
+    script = Path(__file__).parent / "scripts" / name
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    assert done.returncode == 0, f"{name} failed:\n{done.stderr[-4000:]}"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("OK")]
+    print("\n".join(lines))
+    return lines
+
+
+def test_one_step_equals_keras_on_varied_models_and_three_epochs_fit():
+    lines = run_script("keras_models.py")
+    for name in ("transformer", "two inputs two outputs", "batchnorm dropout cnn"):
+        assert any(line.startswith(f"OK step {name}") for line in lines), name
+    assert any(line.startswith("OK fit 3 epochs") for line in lines)
+    assert any(line.startswith("OK mixed precision") for line in lines)
+
+
+def test_one_step_equals_keras_on_resnet50():
+    assert run_script("keras_resnet.py")[0].startswith("OK step resnet50")
+
+
+def test_refusals_compile_guard_budget_and_patch_warning():
+    lines = run_script("keras_errors.py")
+    assert len(lines) == 12, lines
+    assert lines[-1].startswith("OK patch warns once")

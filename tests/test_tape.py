@@ -1,0 +1,97 @@
+"""ome.GradientTape: tf.GradientTape's contract with ome's gradients.
+
+Graph-mode behaviour is tested here (this process runs in graph mode, see conftest.py);
+tf.function, eager mode and a Keras custom loop run in tests/scripts/keras_tape.py.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ome
+from ome import errors
+from tests.test_keras import run_script
+
+
+def _assert_close(got, want):
+    """Equal up to float32 summation order: 1e-5 of the largest magnitude."""
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def _chain(x, w, layers=12):
+    h = x
+    for _ in range(layers):
+        h = tf.tanh(tf.matmul(h, w))
+    return tf.reduce_sum(h * h)
+
+
+@pytest.fixture
+def model(graph):  # pylint: disable=unused-argument,redefined-outer-name
+    """A placeholder input, a weight and a session with the weight initialised."""
+    x = tf.compat.v1.placeholder(tf.float32, [256, 64])
+    w = tf.Variable(np.random.RandomState(0).randn(64, 64).astype(np.float32) * 0.15)
+    session = tf.compat.v1.Session()
+    session.run(w.initializer)
+    feed = {x: np.random.RandomState(1).randn(256, 64).astype(np.float32)}
+    yield x, w, session, feed
+    session.close()
+
+
+def test_nested_sources_same_structure_and_values_as_tf(model):  # pylint: disable=redefined-outer-name
+    x, w, session, feed = model
+    with ome.GradientTape(checkpoints="auto") as tape:
+        tape.watch(x)
+        loss = _chain(x, w)
+    got = tape.gradient(loss, {"weights": [w], "input": (x,)})
+    want = tf.gradients(loss, [w, x])
+    assert set(got) == {"weights", "input"}
+    assert isinstance(got["weights"], list) and isinstance(got["input"], tuple)
+    got_values, want_values = session.run([[got["weights"][0], got["input"][0]], want], feed)
+    for g, e in zip(got_values, want_values):
+        _assert_close(g, e)
+    (plan, info), = tape.plans
+    assert plan.checkpoints and info.copied_ops > 0
+
+
+def test_persistent_output_gradients_and_unconnected_zero(model):  # pylint: disable=redefined-outer-name
+    x, w, session, feed = model
+    unused = tf.Variable(tf.ones([3]))
+    session.run(unused.initializer)
+    with ome.GradientTape(persistent=True) as tape:
+        loss = _chain(x, w)
+    scaled, = tape.gradient([loss], [w], output_gradients=[3.0])
+    zero = tape.gradient(loss, [w, unused], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    plain, = tf.gradients(loss, [w])
+    scaled_v, zero_v, plain_v = session.run([scaled, zero, plain], feed)
+    _assert_close(scaled_v, 3 * plain_v)
+    np.testing.assert_array_equal(zero_v[1], np.zeros(3, np.float32))
+    assert len(tape.plans) == 2
+
+
+def test_non_persistent_second_call_raises_like_tf(model):  # pylint: disable=redefined-outer-name
+    x, w, _, _ = model
+    with ome.GradientTape() as tape:
+        loss = _chain(x, w)
+    tape.gradient(loss, w)
+    with pytest.raises(RuntimeError, match="non-persistent"):
+        tape.gradient(loss, w)
+
+
+def test_refusals(model):  # pylint: disable=redefined-outer-name
+    x, w, _, _ = model
+    with pytest.raises(errors.InvalidArgumentError, match="return_info"):
+        ome.GradientTape(return_info=True)
+    with ome.GradientTape(persistent=True) as tape:
+        loss = _chain(x, w)
+        with pytest.raises(errors.InvalidArgumentError, match="tf.stop_gradient"):
+            tape.stop_recording()
+    with pytest.raises(errors.InvalidArgumentError, match="tf.GradientTape"):
+        tape.jacobian(loss, w)
+    with pytest.raises(errors.InvalidArgumentError, match="unconnected_gradients"):
+        tape.gradient(loss, w, unconnected_gradients="ones")
+
+
+def test_tf_function_eager_and_keras_custom_loop():
+    lines = run_script("keras_tape.py")
+    assert [line.split(":")[0] for line in lines] == [
+        "OK same as tf.GradientTape", "OK non-persistent tape used twice", "OK eager",
+        "OK keras custom loop"], lines
