@@ -100,8 +100,8 @@ def build_train_step(name, batch_size, image_size, *, num_classes=None,
     image_size, 3]`` for NHWC, ``[batch_size, 3, image_size, image_size]`` for NCHW, and
     ``[batch_size]``), the model in training mode, the mean softmax cross-entropy, the
     gradients ``gradients(loss, variables)`` (``IndexedSlices`` made dense) and an optimizer
-    step applying them, with every new ``UPDATE_OPS`` entry (batch-norm moving averages) as a control dependency of the
-    train op. Sets the graph seed to ``seed`` (so variable initialisers and dropout are
+    step applying them, with every new ``UPDATE_OPS`` entry (batch-norm moving averages) as
+    a control dependency of the train op. Sets the graph seed to ``seed`` (so variable initialisers and dropout are
     reproducible) and draws the synthetic batch from ``seed`` too.
 
     Parameters

@@ -125,8 +125,10 @@ def test_n_live_tensors_cost_n_mib(graph, n):
     with _session() as session:
         m = measure(session, step, steps=3)
     assert m.device == "CPU:0"
-    assert abs(m.memory_cost - n * MiB) <= TOL
-    assert abs(m.per_device[CPU0].peak - n * MiB) <= TOL
+    # n tensors live at once; with two inter-op threads (tests/conftest.py) one more
+    # ``v + i`` may be in flight before its ``sin`` writes in place: at most one MiB more.
+    for figure in (m.memory_cost, m.per_device[CPU0].peak):
+        assert n * MiB - TOL <= figure <= (n + 1) * MiB + TOL
     assert m.per_device[CPU0].live_at_end <= TOL
     assert len(m.step_times) == 3 and m.step_time == sorted(m.step_times)[1]
 
