@@ -16,6 +16,6 @@ setup(
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "plots": ["matplotlib", "tqdm"],  # benchmark.py's plots and progress bar
-        "test": ["pytest>=7", "matplotlib"],
+        "test": ["pytest>=7", "matplotlib", "hypothesis"],
     },
 )

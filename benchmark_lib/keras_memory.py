@@ -10,7 +10,8 @@ MLP of 30 ``Dense(1024, tanh)`` layers at batch 2048. For each, the training ste
   ``list_of_layers`` naming every Dense/Conv2D layer);
 - ``remat-blocks`` (MLP only): the hidden layers grouped by five, each group's call under
   ``keras.remat`` (hand-written checkpointing);
-- ``ome``: ``ome.keras.wrap(model)`` with its defaults.
+- ``ome``: ``ome.keras.wrap(model, **options)``, by default with no options
+  (``--ome-options '{"checkpoints": "memory"}'`` passes some).
 
 Each (model, variant) runs in a fresh process, one at a time. A callback resets
 TensorFlow's allocator statistics (``CPU:0``, BFC allocator) before each step and reads
@@ -81,6 +82,8 @@ def _parse(argv):
     parser.add_argument("--mlp-batch", type=int, default=2048)
     parser.add_argument("--resnet-batch", type=int, default=32)
     parser.add_argument("--resnet-size", type=int, default=64, help="image side in pixels")
+    parser.add_argument("--ome-options", type=json.loads, default={}, metavar="JSON",
+                        help='options of ome.keras.wrap, e.g. \'{"checkpoints": "memory"}\'')
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -102,7 +105,7 @@ def _run_child(args, model, variant):
     """Measure one (model, variant) in a fresh process; its result dict."""
     spec = {"model": model, "variant": variant, "steps": args.steps, "warmup": args.warmup,
             "batch": args.mlp_batch if model == "mlp" else args.resnet_batch,
-            "size": args.resnet_size}
+            "size": args.resnet_size, "ome_options": args.ome_options}
     command = [sys.executable, "-m", "benchmark_lib.keras_memory", "--child", json.dumps(spec)]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -190,7 +193,7 @@ def _measure(spec):
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if spec["variant"] == "ome":
-        model = ome.keras.wrap(model)
+        model = ome.keras.wrap(model, **spec["ome_options"])
     probe = _probe()
     model.fit(_dataset(spec), epochs=1, steps_per_epoch=spec["warmup"] + spec["steps"],
               shuffle=False, verbose=0, callbacks=[probe])

@@ -9,13 +9,16 @@ the docs, and writes into ``--out``:
 - ``summary.md``: the table, the figures and the failure classes;
 - ``failures/seed<N>-<setting>-<label>.py``: a replay script per failing case;
 - ``minimal/<n>-<setting>.py`` with ``--shrink``: for the first classes of failure, the
-  smallest program hypothesis finds that fails the same way.
+  smallest program hypothesis finds that fails the same way (minutes per class).
+
+Both folders are emptied first, so they hold this run's scripts only.
 """
 import argparse
 import collections
 import csv
 import logging
 import os
+import shutil
 import sys
 import time
 
@@ -48,7 +51,12 @@ def parse_args(argv):
     parser.add_argument("--out", default=os.path.join("results", "fuzz"), help="output folder")
     parser.add_argument("--shrink", type=int, default=0, metavar="N",
                         help="shrink the first N failure classes with hypothesis (slow)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.settings = fuzzing.settings_named(args.settings)
+    except ValueError as err:
+        parser.error(str(err))
+    return args
 
 
 class Progress:
@@ -195,10 +203,12 @@ def shrink(classes, settings, count, folder, size):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.getLogger("ome").setLevel(logging.ERROR)  # ome logs a line per call
-    settings = fuzzing.settings_named(args.settings)
+    settings = args.settings
     start = time.perf_counter()
     rows = run(args, settings)
     seconds = time.perf_counter() - start
+    for folder in ("failures", "minimal"):  # this run's scripts only
+        shutil.rmtree(os.path.join(args.out, folder), ignore_errors=True)
     os.makedirs(args.out, exist_ok=True)
     classes = write_failures(rows, settings, os.path.join(args.out, "failures"))
     write_csv(rows, os.path.join(args.out, "verdicts.csv"))

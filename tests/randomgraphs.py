@@ -10,7 +10,7 @@ Each op renders as one line of Python. :meth:`Program.build` executes those line
 same text :meth:`Program.to_script` writes into a standalone replay script, so a replay
 rebuilds exactly the graph that was judged.
 
-Values stay small (bytes to tens of KB) and numerically safe: every op keeps a rough
+Values stay small (bytes to a few hundred KB) and numerically safe: every op keeps a rough
 magnitude (``Value.scale``), and the ops that could overflow (``exp``, ``square``, ``mul``,
 products of activations) are only drawn for inputs of small magnitude.
 """
@@ -224,7 +224,9 @@ class Program:
 
 SCRIPT_HEAD = '''"""Replay of a random graph program ({description}).
 
-Run from the repository root: python this_file.py
+Run it with the ome under test importable (pip install -e . or PYTHONPATH=<repository>):
+    python this_file.py
+It prints EXACT and exits 0 when ome.gradients equals tf.gradients, else DIFFERENT and 1.
 """
 import numpy as np
 import tensorflow as tf
@@ -233,6 +235,7 @@ import ome
 
 ome.host.emulate_host()  # /device:CPU:1 plays the host that swapped tensors go to
 tf.compat.v1.disable_eager_execution()
+
 '''
 
 SCRIPT_CHECK = '''
@@ -649,7 +652,20 @@ def _passthrough(family):
     return make
 
 
-# Simplest first: shrinking moves towards the start of this list.
+def _chain(b):
+    """Two to six bounded elementwise ops in a row: activations backprop keeps, so
+    recomputing them pays and the policies and budgets rewrite the graph."""
+    x = b.pick_float()
+    if x is None:
+        return False
+    for _ in range(b.ch.integer(2, 6)):
+        v = b.values[x]
+        family = b.ch.choice(("tanh", "sin", "sigmoid"))
+        x = b.add_one(family, [x], Value(v.shape, v.dtype, 1.0))
+    return True
+
+
+# The ways to extend a program, simplest first (shrinking moves towards the start).
 FAMILIES = {
     "tanh": _unary("tanh"), "relu": _unary("relu"), "sigmoid": _unary("sigmoid"),
     "sin": _unary("sin"), "exp": _unary("exp"), "square": _unary("square"),
@@ -661,10 +677,10 @@ FAMILIES = {
     "reduce_max": _reduce("reduce_max"),
     "reshape": _reshape, "transpose": _transpose, "split": _split, "unstack": _unstack,
     "concat": _concat, "stack": _stack, "gather": _gather, "where": _where, "cast": _cast,
-    "top_k": _top_k, "dropout": _dropout,
+    "top_k": _top_k, "dropout": _dropout, "chain": _chain,
 }
-# How often each family is tried, relative to 1 (the heavy ops make the memory).
-_WEIGHTS = {"matmul": 4, "conv2d": 4, "batch_norm": 2, "tanh": 2, "relu": 2, "add": 2}
+# How often each is tried, relative to 1 (the heavy ops and chains make the memory).
+_WEIGHTS = {"matmul": 4, "conv2d": 4, "chain": 3, "batch_norm": 2, "relu": 2, "add": 2}
 _MAKERS = [make for name, make in FAMILIES.items() for _ in range(_WEIGHTS.get(name, 1))]
 
 
@@ -731,8 +747,8 @@ def _descendants(ops, roots):
 
 
 def _xs(b, ys, exclude):
-    """One to four xs: leaves, intermediate tensors (so one x may be downstream of
-    another), and sometimes one that reaches no y."""
+    """One to three leaves, sometimes one or two intermediate tensors (so an x may be
+    downstream of another, or be a y) and sometimes one that reaches no y."""
     candidates = [i for i, v in enumerate(b.values) if v.is_float and i not in exclude]
     leaves = [i for i in candidates if b.values[i].leaf]
     xs = b.ch.sample(leaves, b.ch.integer(1, 3))

@@ -1,8 +1,8 @@
 """Random graphs: ome.gradients equals tf.gradients under every setting, or refuses for a
 documented reason (tests/fuzzing.py). The long run is ``python -m tests.fuzz``.
 
-A failure prints the replay script of the program: save it and run it from the
-repository root.
+A failure prints the replay script of the program: save it and run it with python (the
+ome under test importable).
 """
 import logging
 
@@ -15,7 +15,7 @@ from ome import errors
 from tests import fuzzing, randomgraphs
 
 PROGRAMS = 30  # seeds 0..29
-SIZE = 8  # generation steps per program, at most: keeps the run near a minute
+SIZE = 10  # generation steps per program, at most: about 35 s on 2 idle cores
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ def _chain(x, w, layers=12):
 
 
 @pytest.fixture
-def model(graph):  # pylint: disable=unused-argument,redefined-outer-name
+def model(graph):
     """A placeholder input, a weight and a session with the weight initialised."""
     x = tf.compat.v1.placeholder(tf.float32, [256, 64])
     w = tf.Variable(np.random.RandomState(0).randn(64, 64).astype(np.float32) * 0.15)
@@ -36,7 +36,7 @@ def model(graph):  # pylint: disable=unused-argument,redefined-outer-name
     session.close()
 
 
-def test_nested_sources_same_structure_and_values_as_tf(model):  # pylint: disable=redefined-outer-name
+def test_nested_sources_same_structure_and_values_as_tf(model):
     x, w, session, feed = model
     with ome.GradientTape(checkpoints="auto") as tape:
         tape.watch(x)
@@ -52,7 +52,7 @@ def test_nested_sources_same_structure_and_values_as_tf(model):  # pylint: disab
     assert plan.checkpoints and info.copied_ops > 0
 
 
-def test_persistent_output_gradients_and_unconnected_zero(model):  # pylint: disable=redefined-outer-name
+def test_persistent_output_gradients_and_unconnected_zero(model):
     x, w, session, feed = model
     unused = tf.Variable(tf.ones([3]))
     session.run(unused.initializer)
@@ -67,7 +67,7 @@ def test_persistent_output_gradients_and_unconnected_zero(model):  # pylint: dis
     assert len(tape.plans) == 2
 
 
-def test_non_persistent_second_call_raises_like_tf(model):  # pylint: disable=redefined-outer-name
+def test_non_persistent_second_call_raises_like_tf(model):
     x, w, _, _ = model
     with ome.GradientTape() as tape:
         loss = _chain(x, w)
@@ -76,7 +76,7 @@ def test_non_persistent_second_call_raises_like_tf(model):  # pylint: disable=re
         tape.gradient(loss, w)
 
 
-def test_refusals(model):  # pylint: disable=redefined-outer-name
+def test_refusals(model):
     x, w, _, _ = model
     with pytest.raises(errors.InvalidArgumentError, match="return_info"):
         ome.GradientTape(return_info=True)

@@ -15,7 +15,7 @@ import ome  # noqa: E402
 RTOL = 1e-5
 
 
-def twins(make, fit, options=None):
+def twins(make, fit):
     """Train the model ``make()`` builds twice, plainly and wrapped with ome.
 
     ``make`` builds and compiles a model; it runs after ``keras.utils.set_random_seed(0)``
@@ -28,7 +28,7 @@ def twins(make, fit, options=None):
     plain = make()
     plain_result = fit(plain)
     keras.utils.set_random_seed(0)
-    wrapped = ome.keras.wrap(make(), **(options or {}))
+    wrapped = ome.keras.wrap(make())
     return plain, plain_result, wrapped, fit(wrapped)
 
 
