@@ -154,10 +154,26 @@ class _Options:
         return (not isinstance(self.checkpoints, str) or bool(self.pins)
                 or isinstance(self.swap, list))
 
-    def can_fail(self):
+    def can_fail(self, ys):
         """Whether planning may refuse these options (then it is tried on a copy first)."""
         return (not isinstance(self.checkpoints, str) or self.checkpoints == "memory"
-                or bool(self.pins) or isinstance(self.swap, list) or self.budget is not None)
+                or bool(self.pins) or isinstance(self.swap, list) or self.budget is not None
+                or (self.checkpoints != "none" and self.batch_size is None
+                    and _has_unknown_sizes(ys)))
+
+
+def _has_unknown_sizes(ys):
+    """Whether a float tensor the forward pass computes has a size planning cannot know."""
+    seen, stack = set(), [y.op for y in ys]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if any(t.dtype.is_floating and not t.shape.is_fully_defined() for t in op.outputs):
+            return True
+        stack.extend(t.op for t in op.inputs)
+    return False
 
 
 def _static_bytes(graph):
@@ -344,7 +360,9 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
                        swap_ahead)
     graph = ys[0].graph
     scope = graph.unique_name(name or "gradients", False)
-    if options.can_fail() and not _calls_functions(ys):
+    # A copy of a tf.function graph loses captured variables' shapes (their handles become
+    # plain placeholders), so there the plan is made on the graph itself.
+    if options.can_fail(ys) and not _calls_functions(ys) and not hasattr(graph, "captures"):
         scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size, tf_options)
         with scratch.as_default():
             make_policy_plan(view, options, scratch)  # raises here, on the copy
