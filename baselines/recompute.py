@@ -26,7 +26,7 @@ mode on the zoo's blocks (each fails without it, see docs/BASELINES.md):
 """
 import tensorflow as tf
 
-from ome import errors
+from ome import capture, errors
 
 from baselines.core import Built, Timer, graph_of, tf_gradients
 
@@ -64,22 +64,11 @@ def recompute_block(fn):
     return block
 
 
-def _upstream_ops(tensors):
-    seen, stack = set(), [t.op for t in tensors]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs)
-    return seen
-
-
 def tf_recompute_grad(loss, variables):
     """``tf.gradients`` through blocks wrapped in ``tf.recompute_grad`` (see the module doc)."""
     graph = graph_of(loss)
     blocks = graph.get_collection(BLOCKS_COLLECTION)
-    upstream = _upstream_ops([loss])
+    upstream = capture.upstream_ops([loss])
     wrapped = [b for b in blocks if b.op in upstream]
     if not wrapped:
         raise errors.InvalidArgumentError(

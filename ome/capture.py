@@ -66,7 +66,8 @@ def estimate_cost(op):
     return float(out)
 
 
-def _calls_functions(op):
+def calls_functions(op):
+    """Whether ``op`` calls a function (functional control flow, function calls)."""
     return any(value.HasField("func") or (value.HasField("list") and value.list.func)
                for value in op.node_def.attr.values())
 
@@ -88,7 +89,7 @@ def recomputable(op):
         return False, f"{op.type} is stateful: a second run could differ"
     if op.type in CONTROL_FLOW_OPS or tfprivate.in_v1_control_flow(op):
         return False, f"{op.type} is control flow: ome keeps its outputs"
-    if _calls_functions(op):
+    if calls_functions(op):
         return False, f"{op.type} calls a function: ome keeps its outputs"
     if any(t.dtype._is_ref_dtype or t.dtype in _STATE_DTYPES for t in op.inputs):  # pylint: disable=protected-access
         return False, f"{op.type} reads a variable: the value could change before a copy ran"
@@ -104,18 +105,23 @@ def _is_persistent(op):
     return op.type == "Identity" and op.inputs and op.inputs[0].dtype._is_ref_dtype  # pylint: disable=protected-access
 
 
-def _forward_ops(ys, backward):
-    """Ops (not in ``backward``) whose outputs ``ys`` or the backward ops depend on."""
-    starts = [y.op for y in ys] + [t.op for op in backward for t in op.inputs
-                                   if t.op not in backward]
-    seen, stack = set(), starts
+def upstream_ops(tensors, stop=frozenset()):
+    """The ops ``tensors`` depend on through data edges (their producers included), not
+    walking into or past the ops in ``stop``."""
+    seen, stack = set(), [t.op for t in tensors]
     while stack:
         op = stack.pop()
-        if op in seen or op in backward:
+        if op in seen or op in stop:
             continue
         seen.add(op)
         stack.extend(t.op for t in op.inputs)
     return seen
+
+
+def _forward_ops(ys, backward):
+    """Ops (not in ``backward``) whose outputs ``ys`` or the backward ops depend on."""
+    read = [t for op in backward for t in op.inputs if t.op not in backward]
+    return upstream_ops(list(ys) + read, stop=backward)
 
 
 def _order(ops):

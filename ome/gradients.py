@@ -154,26 +154,19 @@ class _Options:
         return (not isinstance(self.checkpoints, str) or bool(self.pins)
                 or isinstance(self.swap, list))
 
-    def can_fail(self, ys):
-        """Whether planning may refuse these options (then it is tried on a copy first)."""
+    def can_fail(self, forward):
+        """Whether planning may refuse these options on the ``forward`` ops (then it is
+        tried on a copy first)."""
         return (not isinstance(self.checkpoints, str) or self.checkpoints == "memory"
                 or bool(self.pins) or isinstance(self.swap, list) or self.budget is not None
                 or (self.checkpoints != "none" and self.batch_size is None
-                    and _has_unknown_sizes(ys)))
+                    and _has_unknown_sizes(forward)))
 
 
-def _has_unknown_sizes(ys):
-    """Whether a float tensor the forward pass computes has a size planning cannot know."""
-    seen, stack = set(), [y.op for y in ys]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if any(t.dtype.is_floating and not t.shape.is_fully_defined() for t in op.outputs):
-            return True
-        stack.extend(t.op for t in op.inputs)
-    return False
+def _has_unknown_sizes(forward):
+    """Whether a float tensor of the ``forward`` ops has a size planning cannot know."""
+    return any(t.dtype.is_floating and not t.shape.is_fully_defined()
+               for op in forward for t in op.outputs)
 
 
 def _static_bytes(graph):
@@ -239,6 +232,14 @@ def _no_worse_than_plain(view, plan):
     return dataclasses.replace(plain, policy=f"{plan.policy} (no saving: plain)")
 
 
+def _build_and_capture(ys, xs, grad_ys, scope, batch_size, tf_options):
+    """``tf.gradients`` built under ``scope`` in ``ys``' graph, and its capture."""
+    grads, created = rewrite.build_backward(ys, xs, grad_ys, scope=scope, **tf_options)
+    seeds = rewrite.gradient_seeds(ys[0].graph, grad_ys, scope)
+    return grads, capture_mod.capture(ys, xs, seeds, created, grads, batch_size=batch_size),\
+        len(created)
+
+
 def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
     """Capture of ``tf.gradients`` built on a copy of the graph (the original untouched)."""
     graph = ys[0].graph
@@ -249,12 +250,9 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
     def local(t):
         return None if t is None else scratch.get_tensor_by_name(t.name)
 
-    s_ys, s_xs, s_grad_ys = [local(t) for t in ys], [local(t) for t in xs], \
-        [local(g) for g in grad_ys]
-    grads, created = rewrite.build_backward(s_ys, s_xs, s_grad_ys, scope=scope, **tf_options)
-    seeds = rewrite.gradient_seeds(scratch, s_grad_ys, scope)
-    return scratch, capture_mod.capture(s_ys, s_xs, seeds, created, grads,
-                                        batch_size=batch_size)
+    _, view, _ = _build_and_capture([local(t) for t in ys], [local(t) for t in xs],
+                                    [local(g) for g in grad_ys], scope, batch_size, tf_options)
+    return scratch, view
 
 
 @tf.autograph.experimental.do_not_convert
@@ -266,20 +264,10 @@ def capture_view(ys, xs, grad_ys=None, *, batch_size=None):
     return _scratch_view(ys, xs, grad_ys, scope, batch_size, {})[1]
 
 
-def _calls_functions(ys):
-    """Whether the forward pass holds function-calling ops (functional control flow):
-    their gradients register functions by name, so they cannot be built twice."""
-    seen, stack = set(), [y.op for y in ys]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if any(v.HasField("func") or (v.HasField("list") and v.list.func)
-               for v in op.node_def.attr.values()):
-            return True
-        stack.extend(t.op for t in op.inputs)
-    return False
+def _calls_functions(forward):
+    """Whether the ``forward`` ops call functions (functional control flow): their
+    gradients register functions by name, so they cannot be built twice."""
+    return any(capture_mod.calls_functions(op) for op in forward)
 
 
 def _tf_options(gate_gradients, aggregation_method, stop_gradients, unconnected_gradients,
@@ -306,7 +294,7 @@ def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None,
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
                        swap_ahead)
-    if _calls_functions(ys):
+    if _calls_functions(capture_mod.upstream_ops(ys)):
         raise errors.UnsupportedGraphError(
             "ome.plan cannot preview a graph with functional control flow (tf.while_loop, "
             "tf.cond, function calls) in its forward pass: use "
@@ -362,17 +350,18 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     scope = graph.unique_name(name or "gradients", False)
     # A copy of a tf.function graph loses captured variables' shapes (their handles become
     # plain placeholders), so there the plan is made on the graph itself.
-    if options.can_fail(ys) and not _calls_functions(ys) and not hasattr(graph, "captures"):
+    forward = capture_mod.upstream_ops(ys)
+    if options.can_fail(forward) and not _calls_functions(forward) \
+            and not hasattr(graph, "captures"):
         scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size, tf_options)
         with scratch.as_default():
             make_policy_plan(view, options, scratch)  # raises here, on the copy
     graph.unique_name(name or "gradients")  # claim the scope
-    grads, created = rewrite.build_backward(ys, xs, grad_ys, scope=scope, **tf_options)
-    seeds = rewrite.gradient_seeds(graph, grad_ys, scope)
-    view = capture_mod.capture(ys, xs, seeds, created, grads, batch_size=options.batch_size)
+    grads, view, backward_ops = _build_and_capture(ys, xs, grad_ys, scope,
+                                                   options.batch_size, tf_options)
     chosen = make_policy_plan(view, options, graph)
     info = _apply(chosen, view, graph, scope)
-    info.backward_ops = len(created)
+    info.backward_ops = backward_ops
     _log(chosen, info, time.perf_counter() - start)
     if return_info:
         return grads, (chosen, info)
@@ -408,14 +397,12 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None
     scope = graph.unique_name(name, False)
     decisions = saved.decisions()
     reasons = {t.tensor: t.reason for t in saved.tensors}
-    if not _calls_functions(ys):
+    if not _calls_functions(capture_mod.upstream_ops(ys)):
         scratch, view = _scratch_view(ys, xs, grad_ys, scope, batch_size, {})
         make_plan(view, decisions, reasons, saved.policy, host_device=saved.host_device,
                   swap_ahead=saved.schedule.swap_ahead)
     graph.unique_name(name)
-    grads, created = rewrite.build_backward(ys, xs, grad_ys, scope=scope)
-    seeds = rewrite.gradient_seeds(graph, grad_ys, scope)
-    view = capture_mod.capture(ys, xs, seeds, created, grads, batch_size=batch_size)
+    grads, view, _ = _build_and_capture(ys, xs, grad_ys, scope, batch_size, {})
     rebuilt = make_plan(view, decisions, reasons, saved.policy, checkpoints=saved.checkpoints,
                         host_device=saved.host_device, swap_ahead=saved.schedule.swap_ahead)
     _apply(rebuilt, view, graph, scope)

@@ -11,7 +11,7 @@ import re
 
 from ome import errors, select, simulate
 from ome.plans import make_plan, with_estimates
-from ome.schedule import Decision
+from ome.schedule import Decision, check_decision
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,6 @@ def swap_cost(view, name, model):
 def swappable(view, plan):
     """Kept float tensors a swap could free: saved or read by a recomputation, and not
     needed as soon as backprop starts (the last checkpoint stays)."""
-    decisions = plan.decisions()
     kept = [t.tensor for t in plan.tensors if t.decision == Decision.KEEP
             and view.tensors[t.tensor].is_float and not view.tensors[t.tensor].persistent
             and view.tensors[t.tensor].bytes and t.tensor in plan.checkpoints]
@@ -95,11 +94,10 @@ def swappable(view, plan):
         if t == last:
             continue
         try:
-            select.check_decision(view, t, Decision.SWAP)
+            check_decision(view, t, Decision.SWAP)
         except errors.InvalidArgumentError:
             continue
         allowed.append(t)
-    del decisions
     return allowed
 
 

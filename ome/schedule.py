@@ -259,10 +259,9 @@ def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1):
 
 def _swapped(view, replaced, copies, decision_of):
     """SWAP tensors something reads back: saved ones, and boundaries of copies."""
-    read_by_copies = {t for op in copies for t in view.ops[op].inputs}
+    read_by_copies = {t for op in copies for t in view.ops[op].inputs} - set(replaced)
     found = [t for t in replaced if decision_of(t) == Decision.SWAP]
-    found += sorted((t for t in read_by_copies
-                     if decision_of(t) == Decision.SWAP and t not in set(replaced)),
+    found += sorted((t for t in read_by_copies if decision_of(t) == Decision.SWAP),
                     key=lambda t: view.position[view.tensors[t].op])
     for t in found:
         check_decision(view, t, Decision.SWAP)
