@@ -2,19 +2,22 @@
 
     grads = ome.gradients(loss, variables)          # instead of tf.gradients
     print(ome.plan(loss, variables))                # what it will keep, recompute, swap
+    costs = ome.profile(sess, train_op, feed)       # measured op times and scratch memory
     with ome.GradientTape() as tape: ...            # inside tf.function
     model = ome.keras.wrap(model)                   # Keras 3 model.fit (imports keras)
 """
 import importlib
 
 from ome import errors
+from ome.costs import CostModel
 from ome.gradients import apply_plan, capture_view, gradients, plan
 from ome.patch import patch
 from ome.plans import Decision, Plan, explain
+from ome.profile import profile
 from ome.tape import GradientTape
 
-__all__ = ["errors", "apply_plan", "capture_view", "gradients", "patch", "plan", "Decision", "Plan", "explain",
-           "GradientTape", "keras"]
+__all__ = ["errors", "apply_plan", "capture_view", "gradients", "patch", "plan", "profile",
+           "CostModel", "Decision", "Plan", "explain", "GradientTape", "keras"]
 
 
 def __getattr__(name):

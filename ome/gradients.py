@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from ome import capture as capture_mod
 from ome import errors, host, planner, rewrite, select
+from ome.costs import STATIC, CostModel
 from ome.plans import Plan, make_plan
 from ome.schedule import Decision
 
@@ -104,7 +105,12 @@ class _Options:
     """The planning options of one call, validated before the graph is touched."""
 
     def __init__(self, checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                 swap_ahead):
+                 swap_ahead, cost_model=None):
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise errors.InvalidTypeError(
+                f"cost_model must be an ome.CostModel (from ome.profile), got "
+                f"{type(cost_model).__name__}")
+        self.model = cost_model or STATIC
         if callable(checkpoints):
             self.checkpoints = checkpoints
         elif isinstance(checkpoints, str):
@@ -136,6 +142,10 @@ class _Options:
                 raise errors.InvalidArgumentError(
                     f"pin value {value!r}; use one of {sorted(select.PIN_VALUES)}")
         self.budget = None if memory_budget is None else planner.parse_bytes(memory_budget)
+        if self.budget is not None and cost_model is None:
+            log.warning("memory_budget without cost_model: planned from static estimates "
+                        "(variables, no kernel scratch memory), which the allocator can "
+                        "exceed; measure the step with ome.profile and pass cost_model=")
         if batch_size is not None and (isinstance(batch_size, bool) or
                                        not isinstance(batch_size, int) or batch_size < 1):
             raise errors.InvalidArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -184,8 +194,11 @@ def _static_bytes(graph):
 def make_policy_plan(view, options, graph):
     """The Plan ``options`` ask for on captured ``view``."""
     if options.budget is not None:
-        return planner.fit_budget(view, options.budget, host_device=options.host_device,
-                                  static_bytes=_static_bytes(graph), pins=options.pins)
+        resident = options.model.resident_bytes
+        return planner.fit_budget(
+            view, options.budget, host_device=options.host_device, model=options.model,
+            static_bytes=_static_bytes(graph) if resident is None else resident,
+            pins=options.pins)
     if callable(options.checkpoints):
         plan = options.checkpoints(view)
         if not isinstance(plan, Plan):
@@ -199,7 +212,7 @@ def make_policy_plan(view, options, graph):
         plan = select.explicit(view, options.checkpoints, pins=options.pins,
                                host_device=options.host_device)
     if options.swap == "auto":
-        plan = planner.swap_auto(view, plan, options.host_device)
+        plan = planner.swap_auto(view, plan, options.host_device, options.model)
     elif options.swap:
         for t in options.swap:
             if t not in view.tensors or not view.is_forward_tensor(t):
@@ -211,18 +224,18 @@ def make_policy_plan(view, options, graph):
         plan = make_plan(view, plan.decisions(), {t.tensor: t.reason for t in plan.tensors},
                          plan.policy, checkpoints=plan.checkpoints,
                          host_device=options.host_device, swap_ahead=options.swap_ahead)
-    plan = planner.with_predictions(view, plan)
+    plan = planner.with_predictions(view, plan, options.model)
     if options.user_decided():
         return plan
-    return _no_worse_than_plain(view, plan)
+    return _no_worse_than_plain(view, plan, options.model)
 
 
-def _no_worse_than_plain(view, plan):
+def _no_worse_than_plain(view, plan, model):
     """``plan``, or plain backprop when the simulator predicts ``plan`` saves nothing:
     ome never raises memory by its own choice."""
     if plan.changes_nothing():
         return plan
-    plain = planner.with_predictions(view, select.keep_all(view))
+    plain = planner.with_predictions(view, select.keep_all(view), model)
     if plan.estimates["device_peak"] < plain.estimates["device_peak"]:
         return plan
     log.warning("checkpoints=%r: the predicted peak (%s) is no lower than plain backprop's "
@@ -288,12 +301,12 @@ def _tf_options(gate_gradients, aggregation_method, stop_gradients, unconnected_
 
 @tf.autograph.experimental.do_not_convert  # plain Python graph code, also in tf.function
 def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None, swap=False,
-         host_device=None, memory_budget=None, swap_ahead=1):
+         host_device=None, memory_budget=None, swap_ahead=1, cost_model=None):
     """The :class:`Plan` ``ome.gradients`` would follow, computed on a copy of the graph
     (the graph itself is never touched)."""
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                       swap_ahead)
+                       swap_ahead, cost_model)
     if _calls_functions(capture_mod.upstream_ops(ys)):
         raise errors.UnsupportedGraphError(
             "ome.plan cannot preview a graph with functional control flow (tf.while_loop, "
@@ -310,8 +323,8 @@ def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None,
 def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
               aggregation_method=None, stop_gradients=None, unconnected_gradients="none", *,
               checkpoints="auto", pin=None, batch_size=None, swap=False, host_device=None,
-              memory_budget=None, swap_ahead=1, colocate_gradients_with_ops=None,
-              return_info=False):
+              memory_budget=None, swap_ahead=1, cost_model=None,
+              colocate_gradients_with_ops=None, return_info=False):
     """Gradients of ``ys`` w.r.t. ``xs``, equal to ``tf.gradients``, in less memory.
 
     Parameters
@@ -334,6 +347,9 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     memory_budget : bytes or a string like "2GiB": keep / recompute / swap chosen so the
         predicted device peak, variables included, fits it (ignores ``checkpoints``).
     swap_ahead : backward steps a swap-in starts before its first reader.
+    cost_model : an :class:`ome.CostModel` measured by :func:`ome.profile` on a step built
+        the same way: planning then uses measured op times, kernel scratch memory and the
+        memory resident between steps (default: static estimates).
     return_info : also return ``(plan, RewriteInfo)``.
 
     Example
@@ -345,7 +361,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
                              unconnected_gradients, colocate_gradients_with_ops)
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                       swap_ahead)
+                       swap_ahead, cost_model)
     graph = ys[0].graph
     scope = graph.unique_name(name or "gradients", False)
     # A copy of a tf.function graph loses captured variables' shapes (their handles become

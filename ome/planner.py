@@ -1,8 +1,8 @@
 """The OME planner: which tensors go to the host, and plans fitted to a memory budget.
 
-Pure Python over a :class:`ome.graphview.GraphView`. ``CostModel`` turns a plan's added
-work into seconds: copied ops' FLOPs at ``flops_per_s``, and each swap's round trip at
-``bandwidth`` minus the compute it overlaps. ``ome.simulate`` replays the plan's schedule
+Pure Python over a :class:`ome.graphview.GraphView`. A :class:`ome.costs.CostModel` turns a
+plan's added work into seconds: copied ops' run times, and each swap's round trip minus
+the compute it overlaps. ``ome.simulate`` replays the plan's schedule
 to predict the device peak; measurement remains the judge.
 """
 import dataclasses
@@ -10,20 +10,11 @@ import logging
 import re
 
 from ome import errors, select, simulate
+from ome.costs import STATIC
 from ome.plans import make_plan, with_estimates
 from ome.schedule import Decision, check_decision
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class CostModel:
-    """Machine speeds the planner assumes. ``bandwidth``: host<->device bytes/s (PCIe 3
-    x16 by default; ``ome.host.measure_bandwidth`` measures the emulated one);
-    ``flops_per_s``: the device's sustained compute."""
-
-    bandwidth: float = 12e9
-    flops_per_s: float = 5e12
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -61,8 +52,7 @@ def format_bytes(n):
 
 def added_seconds(view, plan, model):
     """Seconds ``plan`` adds to a step under ``model``."""
-    prediction = simulate.simulate(view, plan)
-    seconds = prediction.recompute_flops / model.flops_per_s
+    seconds = sum(model.seconds(view, op) for op in plan.schedule.copied_ops)
     return seconds + sum(swap_cost(view, s.tensor, model) for s in plan.schedule.swaps)
 
 
@@ -70,13 +60,12 @@ def _window_seconds(view, name, model):
     """Compute between a tensor's swap-out and its first read in backprop: the forward
     ops after it and about twice as much backward work down to it."""
     start = view.position[view.tensors[name].op]
-    after = sum(view.ops[op].cost for op in view.forward[start + 1:])
-    return 3.0 * after / model.flops_per_s
+    return 3.0 * sum(model.seconds(view, op) for op in view.forward[start + 1:])
 
 
 def swap_cost(view, name, model):
     """Seconds a swap of ``name`` adds: the round trip not hidden behind compute."""
-    transfer = 2.0 * view.tensor_bytes(name) / model.bandwidth
+    transfer = 2.0 * model.transfer_seconds(view.tensor_bytes(name))
     return max(0.0, transfer - _window_seconds(view, name, model))
 
 
@@ -111,7 +100,7 @@ def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
                      host_device=host_device, swap_ahead=swap_ahead, estimates=plan.estimates)
 
 
-def swap_auto(view, plan, host_device, model=CostModel()):
+def swap_auto(view, plan, host_device, model=STATIC):
     """``plan`` with each checkpoint whose round trip hides behind compute on the host."""
     chosen = [t for t in swappable(view, plan) if swap_cost(view, t, model) == 0.0]
     if not chosen:
@@ -120,9 +109,9 @@ def swap_auto(view, plan, host_device, model=CostModel()):
     return with_swaps(view, plan, chosen, host_device, reason="transfer hidden behind compute")
 
 
-def with_predictions(view, plan, model=CostModel(), static_bytes=0):
+def with_predictions(view, plan, model=STATIC, static_bytes=0):
     """``plan`` with its simulated peaks and estimated added seconds in ``estimates``."""
-    prediction = simulate.simulate(view, plan)
+    prediction = simulate.simulate(view, plan, model)
     return with_estimates(plan, device_peak=float(prediction.device_peak + static_bytes),
                           host_peak=float(prediction.host_peak),
                           added_seconds=added_seconds(view, plan, model))
@@ -132,7 +121,7 @@ def with_predictions(view, plan, model=CostModel(), static_bytes=0):
 HEADROOM = 0.05
 
 
-def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=CostModel(),
+def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
                pins=None):
     """Keep / recompute / swap per tensor so the simulated device peak fits ``budget``.
 
@@ -151,7 +140,7 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=CostMode
             f"take {format_bytes(static_bytes)}")
 
     def peak(plan):
-        return simulate.simulate(view, plan).device_peak
+        return simulate.simulate(view, plan, model).device_peak
 
     everything = select.keep_all(view, pins=pins, host_device=host_device)
     if peak(everything) <= limit:

@@ -7,13 +7,15 @@ the replay has run, the way TensorFlow's executor frees by reference count. View
 buffer (``Identity``, ``Reshape``...) share it; element-wise ops reuse an input buffer that
 they are the last reader of, as TensorFlow's kernels do. Memory held across steps
 (variables, feeds, constants) is not counted: ``static_bytes`` callers add it. Fetched
-tensors (``ys``, the gradients) stay to the end. It is a prediction for planning;
+tensors (``ys``, the gradients) stay to the end. A cost model with measured scratch
+memory (``ome.profile``) adds each kernel's scratch bytes while it runs. It is a prediction for planning;
 ``ome.measure`` is the judge.
 """
 from dataclasses import dataclass
 from typing import Dict, List
 
 from ome import schedule as schedule_mod
+from ome.costs import STATIC
 from ome.schedule import Decision
 
 # Outputs that are views of their first input's buffer.
@@ -46,8 +48,9 @@ class _Buffer:
     pinned: bool  # fetched or held across steps: never freed
 
 
-def simulate(view, plan):
-    """Replay ``plan``'s schedule over ``view``: a :class:`Prediction`."""
+def simulate(view, plan, model=STATIC):
+    """Replay ``plan``'s schedule over ``view`` (scratch memory from ``model``): a
+    :class:`Prediction`."""
     sched = plan.schedule
     decisions = plan.decisions()
     events = _events(view, sched)
@@ -86,8 +89,9 @@ def simulate(view, plan):
                                            and kind == "op")
                     live += size
             owner[key] = buffer_id
-        if live > peak:
-            peak, peak_at = live, name
+        running = live + (model.scratch(name) if kind in ("op", "copy") else 0)
+        if running > peak:
+            peak, peak_at = running, name
         for key in inputs:
             buffer = buffers.get(owner.get(key))
             if buffer is None:

@@ -137,7 +137,7 @@ def test_gradients_equal_on_test_graphs(graph, case_name, label):
         for t in case.interior:
             tf.compat.v1.add_to_collection("checkpoints", t)
     if name == "openai" and not case.has_bottlenecks:
-        pytest.skip("no bottleneck: the refusal is tested in test_openai_refuses_the_unet")
+        pytest.skip("no bottleneck: the refusal is tested in test_openai_refuses_the_unet_where_ome_plans")
     built = baselines.build(name, case.ys[0], case.xs, **GRAPH_STRATEGIES[label])
     assert len(built.grads) == len(case.xs)
     assert {"strategy", "checkpoints", "swapped", "rewrite_time", "added_ops"} <= set(built.info)
@@ -242,10 +242,8 @@ def test_lms_autotune_fits_the_budget_with_fewer_swaps(graph):
 
 
 def test_openai_on_the_tanh_chain_matches_the_published_figures():
-    # One inter-op thread: the executor's order, and so the peak, is the same every run.
-    threads = {"inter_op_parallelism_threads": 1}
-    _, vanilla, _ = _measured(graphs.tanh_chain, "vanilla", threads)
-    built, openai, g = _measured(graphs.tanh_chain, "openai", threads)
+    _, vanilla, _ = _measured(graphs.tanh_chain, "vanilla")
+    built, openai, g = _measured(graphs.tanh_chain, "openai")
     with g.as_default():
         chain = [op.outputs[0].name for op in g.get_operations()
                  if op.type == "Tanh" and not op.name.startswith("openai_gradients")]
@@ -259,15 +257,16 @@ def test_openai_on_the_tanh_chain_matches_the_published_figures():
     assert spacing.min() >= 9 and spacing.max() <= 10
 
 
-def test_openai_refuses_the_unet_where_ome_saves_memory(graph):
+def test_openai_refuses_the_unet_where_ome_plans(graph):
+    # ome's measured saving on this graph: tests/test_memory.py::test_unet_auto_saves_memory.
     case = graphs.unet()
     before = len(graph.get_operations())
     with pytest.raises(errors.NoBottleneckError, match="no bottleneck"):
         baselines.build("openai", case.ys[0], case.xs)
     assert len(graph.get_operations()) == before
-    threads = {"inter_op_parallelism_threads": 1}
-    _, vanilla, _ = _measured(graphs.big_unet, "vanilla", threads)
-    built, ome_m, _ = _measured(graphs.big_unet, "ome", threads)
-    print(f"big U-Net memory_cost: vanilla {vanilla.memory_cost / MiB:.1f} MiB, ome "
-          f"{ome_m.memory_cost / MiB:.1f} MiB ({len(built.info['checkpoints'])} checkpoints)")
-    assert ome_m.memory_cost <= 0.7 * vanilla.memory_cost
+    built = baselines.build("ome", case.ys[0], case.xs)
+    assert built.info["checkpoints"]
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        got, want = sess.run([built.grads, tf.gradients(case.ys, case.xs)], case.feed)
+    assert_same(got, want)

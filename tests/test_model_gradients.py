@@ -7,9 +7,11 @@ import models
 import ome
 
 
-@pytest.mark.parametrize("name,size", [("resnet18", 32), ("inception_v4", 75)])
-def test_model_gradients_equal(graph, name, size):
-    images = tf.compat.v1.placeholder(tf.float32, [2, size, size, 3])
+# Sizes where activations, not the fetched weight gradients, set the peak: below them
+# ome rightly builds plain tf.gradients (nothing to save) and the test would test nothing.
+@pytest.mark.parametrize("name,batch,size", [("resnet18", 4, 64), ("inception_v4", 2, 75)])
+def test_model_gradients_equal(graph, name, batch, size):
+    images = tf.compat.v1.placeholder(tf.float32, [batch, size, size, 3])
     logits = models.build(name, images, num_classes=10, dropout=False) if name == "inception_v4" \
         else models.build(name, images, num_classes=10)
     loss = tf.reduce_mean(tf.square(logits))
@@ -17,7 +19,7 @@ def test_model_gradients_equal(graph, name, size):
     grads, (chosen, info) = ome.gradients(loss, variables, return_info=True)
     assert chosen.checkpoints and info.copied_ops > 0
     expected = tf.gradients(loss, variables)
-    feed = {images: np.random.RandomState(0).randn(2, size, size, 3).astype(np.float32)}
+    feed = {images: np.random.RandomState(0).randn(batch, size, size, 3).astype(np.float32)}
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         got, want = sess.run([grads, expected], feed)

@@ -6,7 +6,8 @@ backward that mirrors it: ``g_y`` (the seed), then ``g_c`` reads c, ``g_b`` read
 """
 import pytest
 
-from ome import errors, schedule, select, simulate
+from ome import errors, planner, schedule, select, simulate
+from ome.costs import CostModel
 from ome.graphview import GraphView, build_view
 from ome.plans import make_plan
 from ome.schedule import Decision
@@ -133,3 +134,17 @@ def test_replay_runs_each_backward_op_as_soon_as_it_is_ready():
     # The seed fill has no inputs: it runs first; g_c waits for c.
     assert order.index("g_y") < order.index("a")
     assert order.index("c") < order.index("g_c") < order.index("g_b")
+
+
+def test_measured_scratch_memory_counts_while_its_op_runs_and_its_copies_run():
+    view = chain()
+    plain, recomputed = plan_of(view, {}), plan_of(view, {"b:0": Decision.RECOMPUTE})
+    model = CostModel(temporaries={"b": 10 * MiB}, op_seconds={"b": 0.5})
+    # Plain: forward b runs with a, b and the 4-byte seed live.
+    assert simulate.simulate(view, plain).device_peak < 12 * MiB
+    assert simulate.simulate(view, plain, model).device_peak == 12 * MiB + 4
+    # Recomputed: b's copy runs after g_c with a, c (y reads it last), g_c and the copy.
+    assert simulate.simulate(view, recomputed).device_peak < 14 * MiB
+    assert simulate.simulate(view, recomputed, model).device_peak == 14 * MiB
+    assert planner.added_seconds(view, recomputed, model) == 0.5
+    assert CostModel.from_json(model.to_json()) == model

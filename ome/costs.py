@@ -1,0 +1,75 @@
+"""The cost model: what planning assumes about the machine and each op, as plain data.
+
+Without a profile, the defaults are static: an op's recompute time is its estimated FLOPs
+at ``flops_per_s``, a swap's round trip its bytes at ``bandwidth``, no kernel needs
+scratch memory, and only the variables stay allocated between steps. ``ome.profile``
+measures all of them from one traced step on the user's machine and returns a
+:class:`CostModel` holding the measured values; policies and the simulator read it through
+the methods below, so the static and the measured model are used the same way.
+"""
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Machine speeds and per-op measurements.
+
+    ``bandwidth``: host<->device bytes/s (PCIe 3 x16 by default; measured by
+    ``ome.profile`` / ``ome.host.measure_bandwidth``). ``flops_per_s``: sustained compute,
+    used for ops without a measured time. ``op_seconds``: measured run time per op name.
+    ``temporaries``: scratch bytes an op's kernel allocates and frees while it runs, by op
+    name (measured; e.g. a convolution's workspace). ``resident_bytes``: bytes allocated
+    between steps (variables, optimizer slots and whatever the runtime keeps); None means
+    "count the variables" (the caller's static estimate). ``source`` says where the
+    figures come from.
+    """
+
+    bandwidth: float = 12e9
+    flops_per_s: float = 5e12
+    op_seconds: Dict[str, float] = field(default_factory=dict)
+    temporaries: Dict[str, int] = field(default_factory=dict)
+    resident_bytes: Optional[int] = None
+    source: str = "static defaults"
+
+    def seconds(self, view, op):
+        """Seconds one run of forward op ``op`` (a name in ``view``) takes."""
+        measured = self.op_seconds.get(op)
+        if measured is not None:
+            return measured
+        return view.ops[op].cost / self.flops_per_s
+
+    def scratch(self, op):
+        """Bytes of scratch memory ``op``'s kernel holds while it runs."""
+        return self.temporaries.get(op, 0)
+
+    def transfer_seconds(self, nbytes):
+        """Seconds one host<->device copy of ``nbytes`` takes."""
+        return nbytes / self.bandwidth
+
+    def __str__(self):
+        resident = "variables" if self.resident_bytes is None else \
+            f"{self.resident_bytes / 2**20:.1f} MiB"
+        return (f"CostModel({self.source}: {self.bandwidth / 1e9:.2f} GB/s host link, "
+                f"{len(self.op_seconds)} op times, {len(self.temporaries)} ops with scratch "
+                f"memory ({sum(self.temporaries.values()) / 2**20:.1f} MiB in all), "
+                f"resident {resident})")
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**data)
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text):
+        return cls.from_dict(json.loads(text))
+
+
+STATIC = CostModel()

@@ -1,0 +1,51 @@
+"""ome.profile: a cost model measured from traced steps, and planning that uses it."""
+import pytest
+import tensorflow as tf
+
+import ome
+from ome import errors
+from tests import graphs
+
+MiB = 2 ** 20
+
+
+def profiled(case):
+    grads = tf.gradients(case.ys, case.xs)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        return ome.profile(sess, grads, case.feed, steps=2)
+
+
+def test_profile_measures_op_times_scratch_and_resident_memory(graph):
+    case = graphs.mlp(layers=4, width=512, batch=256)
+    costs = profiled(case)
+    print(costs)
+    # Forward ones: Grappler may rename the backward ops it rewrites.
+    matmuls = [op.name for op in graph.get_operations()
+               if op.type == "MatMul" and not op.name.startswith("gradients")]
+    assert matmuls and all(costs.op_seconds[name] > 0 for name in matmuls)
+    weights = sum(4 * 512 * 512 for _ in case.xs)
+    assert costs.resident_bytes >= weights
+    assert all(size >= 64 * 1024 for size in costs.temporaries.values())
+    assert ome.CostModel.from_json(costs.to_json()) == costs
+
+
+def test_planning_reads_the_profile(graph):
+    case = graphs.tanh_chain()
+    costs = profiled(case)
+    # Pretend every tanh needs 40 MiB of scratch: no plan can then go below 40 MiB.
+    heavy = ome.CostModel(temporaries={op.name: 40 * MiB for op in graph.get_operations()
+                                       if op.type == "Tanh"}, resident_bytes=0)
+    light = ome.plan(case.ys, case.xs, cost_model=costs)
+    heavy_plan = ome.plan(case.ys, case.xs, cost_model=heavy)
+    assert light.recomputed and heavy_plan.recomputed
+    assert heavy_plan.estimates["device_peak"] >= 40 * MiB > light.estimates["device_peak"]
+
+
+def test_bad_cost_model_and_steps_are_refused(graph):
+    case = graphs.tanh_chain(layers=3)
+    with pytest.raises(errors.InvalidTypeError, match="cost_model must be an ome.CostModel"):
+        ome.gradients(case.ys, case.xs, cost_model={"bandwidth": 1})
+    with tf.compat.v1.Session() as sess:
+        with pytest.raises(errors.InvalidArgumentError, match="steps must be >= 1"):
+            ome.profile(sess, case.ys, case.feed, steps=0)
