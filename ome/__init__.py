@@ -17,11 +17,12 @@ from ome.profile import profile
 from ome.tape import GradientTape
 
 __all__ = ["errors", "apply_plan", "capture_view", "gradients", "patch", "plan", "profile",
-           "CostModel", "Decision", "Plan", "explain", "GradientTape", "keras"]
+           "CostModel", "Decision", "Plan", "explain", "GradientTape", "keras", "pipeline"]
 
 
 def __getattr__(name):
-    """``ome.keras`` is imported on first use, so ``import ome`` does not import Keras."""
-    if name == "keras":
-        return importlib.import_module("ome.keras")
+    """``ome.keras`` and ``ome.pipeline`` are imported on first use (``import ome`` does
+    not import Keras)."""
+    if name in ("keras", "pipeline"):
+        return importlib.import_module(f"ome.{name}")
     raise AttributeError(f"module 'ome' has no attribute {name!r}")
