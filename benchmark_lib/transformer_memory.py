@@ -1,31 +1,45 @@
-"""How well :mod:`ome.estimate` predicts a GPT's activation memory on this CPU.
+"""A GPT's training memory on this CPU per recomputation mode, beside :mod:`ome.estimate`.
 
-For each case (a GPT preset at a sequence length and batch size) it builds the zoo's
-training step with plain ``tf.gradients`` and momentum SGD and measures two figures:
+``python -m benchmark_lib.transformer_memory`` builds the zoo's GPT training step (momentum
+SGD, float32) once per mode, each in a graph of its own, and measures:
 
+- modes: ``none``, ``selective`` and ``full`` (:mod:`ome.transformer`) and ``ome-auto``
+  (``ome.gradients(checkpoints="auto")``), each through ``ome.gradients``;
 - ``stored``: the bytes allocated during the step and still alive when the forward pass
-  ends (the end of the last op the loss depends on), from a ``FULL_TRACE`` step's
-  allocation records: what the forward pass keeps for the backward pass. This is the
-  quantity the estimator models.
-- ``memory_cost`` (:func:`ome.measure.measure`): the step's peak minus the bytes still
-  allocated after it. On top of the stored activations it holds backward temporaries
-  (gradients flowing through the widest tensors, the gradient of the logits) and the
-  weight gradients computed so far (the dense ``vocab x hidden`` gradient of the tied
-  embedding, built at the start of the backward pass, stays until the end).
+  ends (the end of the last forward op whose output backprop reads, the cross-entropy),
+  from ``FULL_TRACE`` steps' allocation records (the median of three): what the forward
+  pass keeps for the backward pass. This is the quantity the estimator models;
+- ``activations``: the highest peak of two steps (:func:`ome.measure.measure`,
+  TensorFlow's allocator) minus parameters, gradients and optimizer states, the split
+  :func:`ome.breakdown.measure_breakdown` makes; ``memory_cost`` the peak minus the bytes
+  still allocated after the step. Each case runs in a fresh process (one at a time) and
+  its modes' memory one mode at a time, with no other session open: the CPU allocator is
+  one per process and its figures depend on what it held before;
+- the median step time (at least ``--steps`` steps, and about two seconds of them), its
+  interquartile range, and its ratio to the first mode's (``none``). Every mode's session
+  is open while timing and the modes take their steps in turn, so load drifting on a
+  shared machine weighs on every mode alike.
 
-Both are compared with the estimator's float32 activations for recompute mode ``none``:
+The estimator's figure is its float32 activations with ``kernels="unfused"`` (what
+TensorFlow keeps for the zoo's LayerNorm and GELU written from primitive ops,
+``s*b*h*(106 + 9as/h)`` per layer with no recomputation) for the same recompute mode;
+``+masks`` adds the dropout masks TensorFlow keeps under selective and full
+(:data:`KEPT_MASKS`), which the estimator, after Korthikanti et al., counts as regenerated.
+The breakdowns are drawn as stacked bars, measured and estimated side by side, into
+``docs/img/transformer_breakdown.png``.
 
-- ``fused``: Korthikanti et al.'s inventory at 4 bytes, ``s*b*h*(66 + 9as/h)`` per layer,
-  plus the embedding dropout mask, final norm, output-projection input and fp32 logits;
-- ``unfused``: what TensorFlow keeps for the zoo's LayerNorm and GELU written from primitive
-  ops, ``s*b*h*(106 + 9as/h)`` per layer (:mod:`ome.estimate`).
-
-Run ``python -m benchmark_lib.transformer_memory``.
+``--validate`` runs the estimator's validation instead: mode ``none`` over :data:`CASES`
+(three sequence lengths and batch sizes per model), with Korthikanti et al.'s ``fused``
+inventory (``s*b*h*(66 + 9as/h)`` per layer at 4 bytes) beside the ``unfused`` one.
 """
 import argparse
+import concurrent.futures
 import functools
+import multiprocessing
 import os
+import statistics
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # CPU memory statistics need a tracking allocator: oneDNN's (on by default only on some
@@ -35,13 +49,15 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
 import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
+import ome  # noqa: E402
 from models import gpt  # noqa: E402
-from ome import estimate  # noqa: E402
+from ome import estimate, transformer  # noqa: E402
+from ome.breakdown import MemoryBreakdown, plot_breakdowns  # noqa: E402
 from ome.measure import measure  # noqa: E402
 
-__all__ = ["CASES", "validate", "main"]
+__all__ = ["CASES", "MODE_CASES", "MODES", "compare", "plot", "validate", "main"]
 
-#: (preset, sequence, batch): three sequence lengths and batch sizes per model.
+#: (preset, sequence, batch) of the estimator's validation: three sizes per model.
 CASES = (
     ("gpt-tiny", 32, 4),
     ("gpt-tiny", 64, 8),
@@ -50,39 +66,177 @@ CASES = (
     ("gpt2-small", 128, 2),
     ("gpt2-small", 256, 4),
 )
+#: (preset, sequence, batch) of the mode comparison: one batch, three sequence lengths
+#: (the attention core grows as s^2), and GPT-2 small at the longest that runs quickly.
+MODE_CASES = (
+    ("gpt-tiny", 32, 8),
+    ("gpt-tiny", 64, 8),
+    ("gpt-tiny", 128, 8),
+    ("gpt2-small", 128, 1),
+)
+MODES = ("none", "selective", "full", "ome-auto")
+#: The estimator's per-layer mask terms a recompute mode drops but TensorFlow keeps.
+KEPT_MASKS = {
+    "none": (),
+    "selective": ("core_softmax_dropout_mask",),
+    "full": ("core_softmax_dropout_mask", "attention_dropout_mask", "mlp_dropout_mask"),
+}
+IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                     "img", "transformer_breakdown.png")
+MEMORY_STEPS = 2  # the highest peak of these counts
+TRACED_STEPS = 3  # the median of what these store counts
+MIN_TIMED_SECONDS = 2.0
+MAX_TIMED_STEPS = 50
+_MiB = float(1 << 20)
 
 
-def _estimated(name, sequence, batch, kernels):
-    """The estimator's fp32 activation bytes (mode ``none``) for the zoo's GPT."""
-    config = models.gpt_config(name, sequence)
-    settings = dict(precision="fp32", optimizer="momentum", recompute="none",
-                    kernels=kernels)
-    return estimate.estimate(gpt.estimate_config(config, batch, **settings)).activations
+def _estimate_config(name, sequence, batch, kernels="unfused", recompute="none"):
+    """The estimator's config of the zoo's GPT, float32 with momentum as measured here."""
+    return gpt.estimate_config(models.gpt_config(name, sequence), batch, precision="fp32",
+                               optimizer="momentum", recompute=recompute, kernels=kernels)
 
 
-def _measured(name, sequence, batch, steps):
-    """``(stored, memory_cost)`` of one training step with ``tf.gradients`` (bytes)."""
-    with tf.Graph().as_default():
-        step = models.build_train_step(name, batch, sequence, optimizer="momentum")
-        forward = _ancestors(step.loss.op)
-        with tf.compat.v1.Session() as session:
-            session.run(step.init_op)
-            cost = measure(session, step.train_op, step.feed_dict, warmup=1, steps=steps,
-                           trace=False).memory_cost
-            run_metadata = tf.compat.v1.RunMetadata()
-            options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-            session.run(step.train_op, step.feed_dict, options=options,
-                        run_metadata=run_metadata)
-    return _alive_after(run_metadata, forward), cost
+def _estimated(name, sequence, batch, kernels="unfused", recompute="none"):
+    """The estimator's breakdown of the zoo's GPT."""
+    return estimate.estimate(_estimate_config(name, sequence, batch, kernels, recompute),
+                             label=f"{recompute} (est.)")
 
 
-def _ancestors(op):
-    """Names of ``op`` and of every op it depends on (data and control inputs)."""
-    seen, stack = set(), [op]
+def _with_kept_masks(name, sequence, batch, recompute):
+    """The estimated activations plus the dropout masks TensorFlow keeps where Korthikanti
+    et al. regenerate them from the random state (a stateful random op cannot be
+    recomputed): selective keeps each layer's attention mask, full all three masks."""
+    config = _estimate_config(name, sequence, batch, recompute=recompute)
+    terms = estimate.layer_activation_terms(config)
+    masks = sum(terms.get(mask, 0) for mask in KEPT_MASKS[recompute])
+    return estimate.estimate(config).activations + config.layers * masks
+
+
+def _gradients(mode, plans):
+    """``gradients(ys, xs)`` of ``mode`` for :func:`models.build_train_step`; appends the
+    plan it follows to ``plans``."""
+    checkpoints = "auto" if mode == "ome-auto" else transformer.POLICIES[mode]
+
+    def gradients(ys, xs):
+        grads, (plan, _) = ome.gradients(ys, xs, checkpoints=checkpoints, return_info=True)
+        plans.append(plan)
+        return grads
+
+    return gradients
+
+
+def _build(name, sequence, batch, mode):
+    """One mode's training step in a graph of its own: a row to fill (``model, sequence,
+    batch, mode, graph, step, plan``)."""
+    plans = []
+    graph = tf.Graph()
+    with graph.as_default():
+        step = models.build_train_step(name, batch, sequence, optimizer="momentum",
+                                       gradients=_gradients(mode, plans))
+    return dict(model=name, sequence=sequence, batch=batch, mode=mode, graph=graph,
+                step=step, plan=plans[0])
+
+
+def _session(row):
+    session = tf.compat.v1.Session(graph=row["graph"])
+    session.run(row["step"].init_op)
+    return session
+
+
+def _measure_memory(row, steps):
+    """Add ``stored``, ``breakdown``, ``activations`` and ``memory_cost`` to ``row``,
+    measured with no other session open (the CPU allocator is one per process)."""
+    step = row["step"]
+    forward = _read_by_backward(step)
+    with _session(row) as session:
+        session.run(step.train_op, step.feed_dict)  # first-run allocations stay out
+        # Whether the executor forwards a buffer in place depends on thread timing: the
+        # bytes stored vary by a few percent from step to step.
+        row["stored"] = statistics.median(_stored(session, step, forward)
+                                          for _ in range(TRACED_STEPS))
+        measured = measure(session, step.train_op, step.feed_dict, warmup=0, steps=steps,
+                           trace=False)
+    with row["graph"].as_default():  # the optimizer finds its slots in the default graph
+        row["breakdown"] = _breakdown(step, measured, row["mode"])
+    row["activations"] = row["breakdown"].activations
+    row["memory_cost"] = measured.memory_cost
+
+
+def _time_in_turn(rows, steps):
+    """Add ``step_time`` (median seconds), ``step_time_quartiles`` and ``time_ratio`` (to
+    the first row's) to ``rows``. Every row's session is open and the rows take their
+    steps in turn, so load drifting on a shared machine weighs on every mode alike."""
+    sessions = [_session(row) for row in rows]
+    try:
+        probe = max(_timed_run(session, row["step"])
+                    for session, row in zip(sessions, rows)
+                    for _ in range(2))  # the first run also optimises the graph
+        times = [[] for _ in rows]
+        for _ in range(_timed_steps(probe, steps)):
+            for session, row, taken in zip(sessions, rows, times):
+                taken.append(_timed_run(session, row["step"]))
+    finally:
+        for session in sessions:
+            session.close()
+    for row, taken in zip(rows, times):
+        row["step_time"] = statistics.median(taken)
+        row["step_time_quartiles"] = tuple(statistics.quantiles(taken, n=4,
+                                                                method="inclusive"))
+        row["time_ratio"] = row["step_time"] / rows[0]["step_time"]
+
+
+def _timed_run(session, step):
+    start = time.perf_counter()
+    session.run(step.train_op, step.feed_dict)
+    return time.perf_counter() - start
+
+
+def _breakdown(step, measured, label):
+    """``measured``'s peak split as :func:`ome.breakdown.measure_breakdown` splits it (the
+    highest peak of several steps: it varies by tens of MiB from step to step)."""
+    def size(tensor):
+        return tensor.shape.num_elements() * tensor.dtype.base_dtype.size
+
+    parameters = sum(size(v) for v in step.variables)
+    gradients = sum(size(g) for g in step.grads)  # made dense by build_train_step
+    states = sum(size(v) for v in step.optimizer.variables())
+    activations = max(0, measured.max_mem - parameters - gradients - states)
+    return MemoryBreakdown(label=label, parameters=parameters, gradients=gradients,
+                           optimizer_states=states, activations=activations,
+                           peak=measured.max_mem, memory_cost=measured.memory_cost)
+
+
+def _timed_steps(step_seconds, minimum):
+    """At least ``minimum`` steps and about :data:`MIN_TIMED_SECONDS` of them: the median
+    of a few millisecond steps would be one scheduler hiccup on a shared machine."""
+    return max(minimum, min(MAX_TIMED_STEPS, round(MIN_TIMED_SECONDS / step_seconds)))
+
+
+def _stored(session, step, forward):
+    """Bytes allocated in one traced step and alive when the ``forward`` ops ended."""
+    run_metadata = tf.compat.v1.RunMetadata()
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    session.run(step.train_op, step.feed_dict, options=options, run_metadata=run_metadata)
+    return _alive_after(run_metadata, forward)
+
+
+def _read_by_backward(step):
+    """Names of the forward ops the backward pass reads from, and of their ancestors: the
+    forward pass up to the last tensor backprop needs (not the loss's mean, which the
+    executor may run after backprop has started)."""
+    forward = _ancestors([step.loss.op])
+    backward = _ancestors([g.op for g in step.grads]) - forward
+    read = {t.op for op in backward for t in op.inputs if t.op in forward}
+    return {op.name for op in _ancestors(read)}
+
+
+def _ancestors(ops):
+    """``ops`` and every op they depend on (data and control inputs)."""
+    seen, stack = set(), list(ops)
     while stack:
         current = stack.pop()
-        if current.name not in seen:
-            seen.add(current.name)
+        if current not in seen:
+            seen.add(current)
             stack.extend(t.op for t in current.inputs)
             stack.extend(current.control_inputs)
     return seen
@@ -101,46 +255,152 @@ def _alive_after(run_metadata, names):
     return sum(nbytes for micros, nbytes in records if micros <= end)
 
 
-def validate(cases=CASES, steps=2, say=functools.partial(print, flush=True)):
-    """Measure each case, print a table and return its rows.
+def compare(cases=MODE_CASES, modes=MODES, steps=5, say=functools.partial(print, flush=True)):
+    """Measure every mode of every case, print a table and return its rows.
 
     Returns
     -------
     list of dict
-        ``model, sequence, batch, fused, unfused, stored, memory_cost`` (bytes) per case.
+        ``model, sequence, batch, mode, plan`` (the :class:`ome.Plan` followed),
+        ``breakdown`` (measured :class:`ome.breakdown.MemoryBreakdown`), ``stored,
+        activations, memory_cost, estimated, with_masks`` (bytes; the estimates None for
+        ome-auto; ``with_masks`` adds the dropout masks TensorFlow keeps),
+        ``step_time`` (median seconds), ``step_time_quartiles``, ``time_ratio``.
     """
+    say(f"{'model':<11} {'seq':>4} {'batch':>5} {'mode':<9} {'estimated':>9} {'+masks':>7} "
+        f"{'stored':>7} {'stored/':>7} {'stored/':>7} {'peak act':>8} {'memory':>8} "
+        f"{'step':>7} {'IQR':>5} {'time':>5} {'recomputed':>10}")
+    say(f"{'':<11} {'':>4} {'':>5} {'':<9} {'MiB':>9} {'MiB':>7} {'MiB':>7} {'estim.':>7} "
+        f"{'+masks':>7} {'MiB':>8} {'cost MiB':>8} {'ms':>7} {'ms':>5} {'ratio':>5} "
+        f"{'tensors':>10}")
+    rows = []
+    for case in cases:
+        measured = _in_fresh_process(_measure_case, *case, tuple(modes), steps)
+        for row in measured:
+            say(_format_row(row))
+        rows += measured
+    return rows
+
+
+def _in_fresh_process(function, *args):
+    """``function(*args)`` in a new process (one at a time): the CPU allocator's figures
+    depend on what it held before (how its chunks were split), so each case starts from
+    an empty one."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(function, *args).result()
+
+
+def _measure_case(name, sequence, batch, modes, steps):
+    """The rows of :func:`compare` for one case, measured in this process."""
+    tf.compat.v1.disable_eager_execution()
+    case = [_build(name, sequence, batch, mode) for mode in modes]
+    for row in case:
+        _measure_memory(row, MEMORY_STEPS)
+    _time_in_turn(case, steps)
+    for row in case:
+        del row["graph"], row["step"]  # the rest goes back to the parent process
+        row["estimated"], row["with_masks"] = None, None
+        if row["mode"] in estimate.RECOMPUTE_MODES:
+            row["estimated"] = _estimated(name, sequence, batch,
+                                          recompute=row["mode"]).activations
+            row["with_masks"] = _with_kept_masks(name, sequence, batch, row["mode"])
+    return case
+
+
+def _format_row(row):
+    q1, _, q3 = row["step_time_quartiles"]
+    estimates = "-".rjust(9) + " " + "-".rjust(7)
+    ratios = "-".rjust(7) + " " + "-".rjust(7)
+    if row["estimated"]:
+        estimates = f"{row['estimated'] / _MiB:>9.1f} {row['with_masks'] / _MiB:>7.1f}"
+        ratios = (f"{row['stored'] / row['estimated']:>7.2f} "
+                  f"{row['stored'] / row['with_masks']:>7.2f}")
+    return (f"{row['model']:<11} {row['sequence']:>4} {row['batch']:>5} {row['mode']:<9} "
+            f"{estimates} {row['stored'] / _MiB:>7.1f} {ratios} "
+            f"{row['activations'] / _MiB:>8.1f} {row['memory_cost'] / _MiB:>8.1f} "
+            f"{row['step_time'] * 1e3:>7.0f} {(q3 - q1) * 1e3:>5.0f} "
+            f"{row['time_ratio']:>5.2f} {len(row['plan'].recomputed):>10}")
+
+
+def plot(rows, path=IMAGE):
+    """Stacked bars per case: each mode's measured breakdown, then the estimator's for
+    none / selective / full. Returns ``path``."""
+    panels = {}
+    for row in rows:
+        key = (row["model"], row["sequence"], row["batch"])
+        panels.setdefault(key, []).append(row["breakdown"])
+    for key, bars in panels.items():
+        bars += [_estimated(*key, recompute=mode) for mode in estimate.RECOMPUTE_MODES]
+    titled = {f"{name} s={sequence} b={batch}": bars
+              for (name, sequence, batch), bars in panels.items()}
+    return plot_breakdowns(titled, path, unit="MiB",
+                           title="GPT training memory per recomputation mode, float32, "
+                                 "momentum (measured; est. = ome.estimate)")
+
+
+def validate(cases=CASES, steps=2, say=functools.partial(print, flush=True)):
+    """The estimator's validation with no recomputation: measure each case, print a table
+    and return its rows (``model, sequence, batch, fused, unfused, stored, memory_cost``,
+    bytes)."""
     say(f"{'model':<11} {'seq':>4} {'batch':>5} {'fused':>8} {'unfused':>8} {'stored':>8} "
         f"{'stored/':>8} {'stored/':>8} {'memory':>8} {'cost/':>8}")
     say(f"{'':<11} {'':>4} {'':>5} {'MiB':>8} {'MiB':>8} {'MiB':>8} {'fused':>8} "
         f"{'unfused':>8} {'cost MiB':>8} {'unfused':>8}")
     rows = []
     for name, sequence, batch in cases:
-        stored, cost = _measured(name, sequence, batch, steps)
+        stored, cost = _in_fresh_process(_measure_plain, name, sequence, batch, steps)
         row = dict(model=name, sequence=sequence, batch=batch,
-                   fused=_estimated(name, sequence, batch, "fused"),
-                   unfused=_estimated(name, sequence, batch, "unfused"),
+                   fused=_estimated(name, sequence, batch, "fused").activations,
+                   unfused=_estimated(name, sequence, batch, "unfused").activations,
                    stored=stored, memory_cost=cost)
         rows.append(row)
-        say(f"{name:<11} {sequence:>4} {batch:>5} {row['fused'] / 2**20:>8.1f} "
-            f"{row['unfused'] / 2**20:>8.1f} {stored / 2**20:>8.1f} "
+        say(f"{name:<11} {sequence:>4} {batch:>5} {row['fused'] / _MiB:>8.1f} "
+            f"{row['unfused'] / _MiB:>8.1f} {stored / _MiB:>8.1f} "
             f"{stored / row['fused']:>8.2f} {stored / row['unfused']:>8.2f} "
-            f"{cost / 2**20:>8.1f} {cost / row['unfused']:>8.2f}")
+            f"{cost / _MiB:>8.1f} {cost / row['unfused']:>8.2f}")
     return rows
+
+
+def _measure_plain(name, sequence, batch, steps):
+    """``(stored, memory_cost)`` of mode none, measured in this process."""
+    tf.compat.v1.disable_eager_execution()
+    row = _build(name, sequence, batch, "none")
+    _measure_memory(row, steps)
+    return row["stored"], row["memory_cost"]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmark_lib.transformer_memory",
-        description="Estimated vs measured activation memory of the zoo's GPTs (float32, "
-                    "CPU, tf.gradients, no recomputation).",
+        description="Measured vs estimated training memory of the zoo's GPTs per "
+                    "recomputation mode (float32, CPU, momentum SGD).",
     )
     parser.add_argument("--models", nargs="+", choices=sorted(gpt.PRESETS),
-                        default=sorted({name for name, _, _ in CASES}),
+                        default=sorted({name for name, _, _ in MODE_CASES}),
                         help="presets to run (default: gpt-tiny and gpt2-small)")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per case")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="recomputation modes (default: all; the first is the time "
+                             "ratios' baseline)")
+    parser.add_argument("--steps", type=int, default=5,
+                        help="at least this many timed steps per mode (validation: "
+                             "measured steps per case)")
+    parser.add_argument("--plot", default=IMAGE, help="where to draw the breakdown bars")
+    parser.add_argument("--validate", action="store_true",
+                        help="the estimator's validation (mode none over more sizes) "
+                             "instead of the mode comparison")
     args = parser.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
-    validate([case for case in CASES if case[0] in args.models], steps=args.steps)
+    if args.validate:
+        validate([case for case in CASES if case[0] in args.models], steps=args.steps)
+        return 0
+    rows = compare([case for case in MODE_CASES if case[0] in args.models],
+                   modes=args.modes, steps=args.steps)
+    print(f"\nWhat each mode keeps and recomputes ({rows[0]['model']}, sequence "
+          f"{rows[0]['sequence']}, batch {rows[0]['batch']}):")
+    for row in rows[:len(args.modes)]:
+        print(transformer.summary(row["plan"]))
+    print(f"wrote {plot(rows, args.plot)}")
     return 0
 
 

@@ -13,14 +13,17 @@ import time
 import tensorflow as tf
 
 from ome import capture as capture_mod
-from ome import errors, host, planner, rewrite, select
+from ome import errors, host, planner, rewrite, select, transformer
 from ome.costs import STATIC, CostModel
 from ome.plans import Plan, make_plan
 from ome.schedule import Decision
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_MODES = ("auto", "memory", "speed", "collection", "none")
+CHECKPOINT_MODES = ("auto", "memory", "speed", "collection", "none", "selective", "full")
+# Transformer policies (ome.transformer): named by the user for their trade, so built as
+# asked even where the simulator predicts no lower peak.
+TRANSFORMER_MODES = ("selective", "full")
 _UNCONNECTED = ("none", "zero")
 
 
@@ -162,12 +165,13 @@ class _Options:
     def user_decided(self):
         """Whether the user chose tensors (a list, pins or swaps): honoured as given."""
         return (not isinstance(self.checkpoints, str) or bool(self.pins)
-                or isinstance(self.swap, list))
+                or isinstance(self.swap, list) or self.checkpoints in TRANSFORMER_MODES)
 
     def can_fail(self, forward):
         """Whether planning may refuse these options on the ``forward`` ops (then it is
         tried on a copy first)."""
-        return (not isinstance(self.checkpoints, str) or self.checkpoints == "memory"
+        return (not isinstance(self.checkpoints, str)
+                or self.checkpoints in ("memory",) + TRANSFORMER_MODES
                 or bool(self.pins) or isinstance(self.swap, list) or self.budget is not None
                 or (self.checkpoints != "none" and self.batch_size is None
                     and _has_unknown_sizes(forward)))
@@ -206,7 +210,9 @@ def make_policy_plan(view, options, graph):
                 f"checkpoints= policy {options.checkpoints!r} returned "
                 f"{type(plan).__name__}, not an ome.Plan")
     elif isinstance(options.checkpoints, str):
-        plan = select.POLICIES[options.checkpoints](view, pins=options.pins,
+        policies = transformer.POLICIES if options.checkpoints in TRANSFORMER_MODES \
+            else select.POLICIES
+        plan = policies[options.checkpoints](view, pins=options.pins,
                                                     host_device=options.host_device)
     else:
         plan = select.explicit(view, options.checkpoints, pins=options.pins,
@@ -336,8 +342,9 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     checkpoints : "auto" (default: cuts of the graph, works without bottlenecks), "memory"
         (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs, recompute the
         cheap ops after them), "collection" (the graph collection "checkpoints"), "none"
-        (keep everything), a list of tensors to keep, or a policy: a function
-        ``(GraphView) -> Plan`` (the baselines are such functions).
+        (keep everything), "selective" / "full" (Transformers: recompute the attention
+        core / each block, docs/TRANSFORMER.md), a list of tensors to keep, or a policy: a
+        function ``(GraphView) -> Plan`` (the baselines are such functions).
     pin : ``{tensor: "keep" | "recompute" | "swap"}``: decisions every policy honours.
     batch_size : resolves an unknown batch dimension when sizes matter.
     swap : False, "auto" (kept checkpoints whose transfer hides behind compute go to the

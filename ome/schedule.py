@@ -18,8 +18,9 @@ backprop to start) reading a recomputed or swapped tensor is *deferred*: it wait
 same triggers as the first main op it feeds. :func:`replay_order` is the op order the
 simulator replays, and each group records the op it runs right after (``after``).
 """
-import heapq
 import enum
+import heapq
+import weakref
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -95,7 +96,17 @@ class _Need:
 # -- which tensors may take which decision -------------------------------------------------
 
 def forced_keep(view):
-    """``{tensor: reason}`` for saved forward tensors that must stay KEEP."""
+    """``{tensor: reason}`` for saved forward tensors that must stay KEEP (computed once
+    per view: every decision is checked against it)."""
+    if view not in _FORCED_KEEP:
+        _FORCED_KEEP[view] = _forced_keep(view)
+    return _FORCED_KEEP[view]
+
+
+_FORCED_KEEP = weakref.WeakKeyDictionary()
+
+
+def _forced_keep(view):
     found = {}
     early_targets = _early_targets(view)
     for t in view.saved():

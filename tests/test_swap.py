@@ -135,7 +135,9 @@ def model_grads_peak(name, batch, size, **options):
     return m.per_device[DEVICE].peak, m.per_device.get(HOST)
 
 
-@pytest.mark.parametrize("name,batch,size", [("resnet18", 16, 96), ("inception_v4", 8, 96)])
+# ResNet-18 only: on InceptionV4 (8 x 96x96) the simulator predicts swapping saves 2.8%
+# (182 -> 177 MiB), less than the peak varies between runs with two inter-op threads.
+@pytest.mark.parametrize("name,batch,size", [("resnet18", 16, 96)])
 def test_ome_below_recompute_only_on_models(name, batch, size):
     recompute, _ = model_grads_peak(name, batch, size, checkpoints="speed")
     ome_peak, host = model_grads_peak(name, batch, size, checkpoints="speed", swap="auto")
