@@ -88,6 +88,7 @@ def _lookup(graph, plan, view):
     names = set(sched.copied_ops)
     names.update(t for g in sched.groups for t in g.triggers)
     names.update(t for s in sched.swaps for t in s.triggers)
+    names.update(s.fence for s in sched.swaps if s.fence)
     names.update(r for r, _ in sched.reroutes)
     names.update(op for op, trig in sched.deferred)
     names.update(t for _, trig in sched.deferred for t in trig)
@@ -125,6 +126,8 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
                 out = swap_out(original, plan.host_device, real_copy=real_copy)
                 device = original.op.device or host.accelerator_device()
                 swapped_in[s.tensor] = swap_in(out, device, [ops[t] for t in s.triggers])
+            if s.fence:
+                tfprivate.add_control_inputs(ops[s.fence], [out.op])
             info.swapped.append(s.tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
         copies = _copy_groups(graph, view, sched, ops, decisions, swapped_in)

@@ -48,12 +48,17 @@ class RecomputeGroup:
 
 @dataclass(frozen=True)
 class SwapIn:
-    """One swapped tensor: copied to the host after its producer, back after ``triggers``."""
+    """One swapped tensor: copied to the host after its producer, back after ``triggers``.
+
+    ``fence``: a forward op a little after the producer that waits for the copy to the
+    host, so the device buffer is freed on time however busy the host's threads are ("":
+    none found)."""
 
     tensor: str
     after: str
     triggers: Tuple[str, ...]
     readers: Tuple[str, ...]  # backward ops and copied ops that read the swapped-in copy
+    fence: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class Schedule:
         return cls(
             groups=tuple(RecomputeGroup(**{k: v if k == "after" else tuple(v)
                                            for k, v in g.items()}) for g in data["groups"]),
-            swaps=tuple(SwapIn(**{k: v if k in ("after", "tensor") else tuple(v)
+            swaps=tuple(SwapIn(**{k: v if k in ("after", "tensor", "fence") else tuple(v)
                                   for k, v in s.items()}) for s in data["swaps"]),
             deferred=tuple((op, tuple(t)) for op, t in data["deferred"]),
             reroutes=tuple((op, t) for op, t in data["reroutes"]),
@@ -261,7 +266,8 @@ def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1):
         copy_readers = tuple(c for c in view.consumers[t] if c in copies)
         first = min([reader_need(r) for r in readers] + [need[c] for c in copy_readers])
         triggers = _ahead(view, first.triggers, swap_ahead)
-        swaps.append(SwapIn(t, after(triggers), triggers, readers + copy_readers))
+        swaps.append(SwapIn(t, after(triggers), triggers, readers + copy_readers,
+                            _fence(view, t)))
     swaps.sort(key=lambda s: (anchor[s.after], view.position[view.tensors[s.tensor].op]))
     reroutes = tuple((r, t) for t in replaced for r in view.value_readers(t))
     return Schedule(groups=tuple(groups), swaps=tuple(swaps), deferred=tuple(deferred),
@@ -277,6 +283,28 @@ def _swapped(view, replaced, copies, decision_of):
     for t in found:
         check_decision(view, t, Decision.SWAP)
     return found
+
+
+# How far past a swapped tensor's producer a fence is looked for (forward ops).
+FENCE_WINDOW = 64
+
+
+def _fence(view, tensor):
+    """The first forward op downstream of ``tensor``'s producer that does not read it and
+    can take a control input (a recomputable op: outside TF1 loops and conds); "" if none
+    within ``FENCE_WINDOW`` ops. Downstream, so waiting for the copy makes no cycle; not a
+    reader, so the copy overlaps the next op."""
+    producer = view.tensors[tensor].op
+    downstream = {producer}
+    start = view.position[producer] + 1
+    for op in view.forward[start:start + FENCE_WINDOW]:
+        info = view.ops[op]
+        if not any(view.tensors[t].op in downstream for t in info.inputs):
+            continue
+        downstream.add(op)
+        if info.recomputable and tensor not in info.inputs:
+            return op
+    return ""
 
 
 def _ops_to_copy(view, replaced, decision_of):

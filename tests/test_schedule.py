@@ -69,6 +69,7 @@ def test_swap_moves_a_tensor_to_the_host_and_back_ahead_of_its_reader():
     (swap,) = plan.schedule.swaps
     assert swap.tensor == "a:0" and swap.readers == ("g_a",)
     assert swap.triggers == ("g_c",)  # one step ahead of g_b, g_a's trigger
+    assert swap.fence == "c"  # b reads a; c, next downstream, waits for the copy out
     prediction = simulate.simulate(view, plan)
     assert prediction.host_peak == MiB and prediction.swap_bytes == MiB
 
