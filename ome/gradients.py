@@ -13,14 +13,15 @@ import time
 import tensorflow as tf
 
 from ome import capture as capture_mod
-from ome import errors, host, planner, rewrite, select, transformer
+from ome import errors, host, optimal, planner, rewrite, select, transformer
 from ome.costs import STATIC, CostModel
 from ome.plans import Plan, make_plan
 from ome.schedule import Decision
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_MODES = ("auto", "memory", "speed", "collection", "none", "selective", "full")
+CHECKPOINT_MODES = ("auto", "optimal", "memory", "speed", "collection", "none", "selective",
+                    "full")
 # Transformer policies (ome.transformer): named by the user for their trade, so built as
 # asked even where the simulator predicts no lower peak.
 TRANSFORMER_MODES = ("selective", "full")
@@ -209,11 +210,14 @@ def make_policy_plan(view, options, graph):
             raise errors.InvalidTypeError(
                 f"checkpoints= policy {options.checkpoints!r} returned "
                 f"{type(plan).__name__}, not an ome.Plan")
+    elif options.checkpoints == "optimal":
+        plan = optimal.optimal(view, model=options.model, pins=options.pins,
+                               host_device=options.host_device)
     elif isinstance(options.checkpoints, str):
         policies = transformer.POLICIES if options.checkpoints in TRANSFORMER_MODES \
             else select.POLICIES
         plan = policies[options.checkpoints](view, pins=options.pins,
-                                                    host_device=options.host_device)
+                                             host_device=options.host_device)
     else:
         plan = select.explicit(view, options.checkpoints, pins=options.pins,
                                host_device=options.host_device)
@@ -339,7 +343,8 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     unconnected_gradients : as in ``tf.gradients`` (graph mode or inside ``tf.function``);
         they are passed to ``tf.gradients`` itself, which builds the backward ops. Variables
         (resource, reference, Keras 3) are accepted in ``xs``.
-    checkpoints : "auto" (default: cuts of the graph, works without bottlenecks), "memory"
+    checkpoints : "auto" (default: cuts of the graph, works without bottlenecks), "optimal"
+        (the smallest peak the MILP planner finds, then the least added time at it), "memory"
         (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs, recompute the
         cheap ops after them), "collection" (the graph collection "checkpoints"), "none"
         (keep everything), "selective" / "full" (Transformers: recompute the attention
@@ -351,8 +356,9 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
         host), or a list of forward tensors to move to the host.
     host_device : where swapped tensors go; default "/device:CPU:0" with a GPU, else the
         emulated host "/device:CPU:1" (see ``ome.host.emulate_host``).
-    memory_budget : bytes or a string like "2GiB": keep / recompute / swap chosen so the
-        predicted device peak, variables included, fits it (ignores ``checkpoints``).
+    memory_budget : bytes or a string like "2GiB": keep / recompute / swap chosen by the
+        optimal planner for the least added time with the predicted device peak, variables
+        included, within it (ignores ``checkpoints``).
     swap_ahead : backward steps a swap-in starts before its first reader.
     cost_model : an :class:`ome.CostModel` measured by :func:`ome.profile` on a step built
         the same way: planning then uses measured op times, kernel scratch memory and the

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import re
 
-from ome import errors, select, simulate
+from ome import errors, optimal, simulate
 from ome.costs import STATIC
 from ome.plans import make_plan, with_estimates
 from ome.schedule import Decision, check_decision
@@ -123,49 +123,36 @@ HEADROOM = 0.05
 
 def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
                pins=None):
-    """Keep / recompute / swap per tensor so the simulated device peak fits ``budget``.
+    """Keep / recompute / swap per tensor, for the least added time, so the simulated
+    device peak plus ``static_bytes`` fits ``budget``.
 
-    Options are tried from cheapest to dearest in added time: keep everything (plain
-    backprop); recompute between as few cuts as fit; the same with the checkpoints whose
-    transfer hides behind compute on the host; with every checkpoint but the last on the
-    host. ``static_bytes`` (variables and optimizer slots) count against the budget;
-    ``HEADROOM`` of it is left free. Raises :class:`BudgetError` naming the smallest
-    reachable peak when nothing fits.
+    The choice is :func:`ome.optimal.optimal`'s (plain backprop when it fits; swaps only
+    with a ``host_device``). ``static_bytes`` (what stays allocated between steps:
+    variables, optimizer slots, or a profile's ``resident_bytes``) count against the
+    budget; ``HEADROOM`` of it is left free. Raises :class:`BudgetError` naming the
+    smallest reachable peak when nothing fits.
     """
     budget = parse_bytes(budget)
-    limit = budget * (1 - HEADROOM) - static_bytes
+    limit = int(budget * (1 - HEADROOM) - static_bytes)
     if limit <= 0:
         raise errors.BudgetError(
             f"cannot fit in {format_bytes(budget)}: the variables and optimizer state alone "
             f"take {format_bytes(static_bytes)}")
-
-    def peak(plan):
-        return simulate.simulate(view, plan, model).device_peak
-
-    everything = select.keep_all(view, pins=pins, host_device=host_device)
-    if peak(everything) <= limit:
-        return _chosen(view, everything, "budget:none", budget, model, static_bytes)
-    options = [("recompute", lambda plan: plan)]
-    if host_device is not None:
-        options += [
-            ("recompute+swap", lambda plan: swap_auto(view, plan, host_device, model)),
-            ("recompute+swap-all", lambda plan: with_swaps(
-                view, plan, swappable(view, plan), host_device,
-                reason="the budget needs it on the host"))]
-    base = select.auto(view, pins=pins, host_device=host_device)
-    smallest = None
-    for label, add_swaps in options:
-        tightest = add_swaps(base)
-        reached = peak(tightest)
-        smallest = reached if smallest is None else min(smallest, reached)
-        if reached <= limit:
-            plan = _fewest_cuts(view, limit, add_swaps, tightest, peak, pins)
-            return _chosen(view, plan, f"budget:{label}", budget, model, static_bytes)
-    reachable = (smallest + static_bytes) / (1 - HEADROOM)
-    raise errors.BudgetError(
-        f"cannot fit in {format_bytes(budget)}; the smallest reachable is "
-        f"{format_bytes(reachable)} (predicted, variables included"
-        f"{', without a host device to swap to' if host_device is None else ''})")
+    try:
+        plan = optimal.optimal(view, limit=limit, model=model, pins=pins,
+                               host_device=host_device)
+    except errors.BudgetError as err:
+        smallest = getattr(err, "smallest", None)
+        if smallest is None:
+            raise
+        reachable = (smallest + static_bytes) / (1 - HEADROOM)
+        raise errors.BudgetError(
+            f"cannot fit in {format_bytes(budget)}; the smallest reachable is "
+            f"{format_bytes(reachable)} (predicted, variables included"
+            f"{', without a host device to swap to' if host_device is None else ''})"
+        ) from None
+    policy = "budget:none" if plan.changes_nothing() else "budget:optimal"
+    return _chosen(view, plan, policy, budget, model, static_bytes)
 
 
 def _chosen(view, plan, policy, budget, model, static_bytes):
@@ -173,22 +160,3 @@ def _chosen(view, plan, policy, budget, model, static_bytes):
     log.info("memory_budget %s: %s, predicted device peak %s", format_bytes(budget), policy,
              format_bytes(plan.estimates["device_peak"]))
     return plan
-
-
-def _fewest_cuts(view, limit, add_swaps, tightest, peak, pins):
-    """The plan with the fewest cuts whose simulated peak fits ``limit``, starting from
-    ``tightest`` (the smallest-peak plan, which fits)."""
-    best = tightest
-    low = tightest.estimates.get("estimated_activation_peak", 0.0)
-    high = float(sum(view.tensor_bytes(t) for t in select.Region(view).candidates))
-    for _ in range(16):
-        if high - low <= max(1.0, 1e-2 * high):
-            break
-        middle = (low + high) / 2
-        candidate = add_swaps(select.auto(view, limit=middle, pins=pins,
-                                          host_device=tightest.host_device))
-        if peak(candidate) <= limit:
-            best, low = candidate, middle
-        else:
-            high = middle
-    return best

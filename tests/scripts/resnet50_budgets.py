@@ -1,0 +1,43 @@
+"""ResNet-50 (batch 16, 112x112, momentum) trained under memory budgets planned from a
+profile of the plain step; prints ``budget=<MiB> peak=<bytes> policy=<name>`` per budget.
+
+Run by tests/test_swap.py in a process of its own: ``max_mem`` counts every allocation of
+the process, so buffers earlier tests left behind (about 20 MiB in the full suite) would
+count against the budget too. Budgets are given on the command line, in MiB.
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+import models  # noqa: E402
+import ome  # noqa: E402
+from ome.measure import measure  # noqa: E402
+
+tf.compat.v1.disable_eager_execution()
+SHAPE = dict(name="resnet50", batch_size=16, image_size=112, num_classes=10)
+
+with tf.Graph().as_default():
+    step = models.build_train_step(**SHAPE)
+    with tf.compat.v1.Session() as sess:
+        sess.run(step.init_op)
+        costs = ome.profile(sess, step.train_op, step.feed_dict, steps=1)
+print(costs, flush=True)
+for budget_mib in map(int, sys.argv[1:]):
+    chosen = {}
+
+    def gradients(ys, xs, budget=f"{budget_mib}MiB"):
+        grads, (plan, _) = ome.gradients(ys, xs, memory_budget=budget, cost_model=costs,
+                                         return_info=True)
+        chosen["policy"] = plan.policy
+        return grads
+
+    with tf.Graph().as_default():
+        step = models.build_train_step(**SHAPE, gradients=gradients)
+        with tf.compat.v1.Session() as sess:
+            sess.run(step.init_op)
+            m = measure(sess, step.train_op, step.feed_dict, warmup=1, steps=2, trace=False)
+    print(f"budget={budget_mib} peak={m.max_mem} policy={chosen['policy']}", flush=True)

@@ -1,0 +1,342 @@
+"""The optimal planner (ome.optimal) on hand-built views, then on real models.
+
+Hand-built views: every tensor is 1 MiB unless said otherwise; the backward mirrors the
+forward (``TanhGrad`` reads its op's output, a ``MatMul`` gradient reads its input), and
+the seed gradient waits for ``y`` through ``Shape`` as ``tf.gradients``' does. Where the
+graph is small enough, every keep/recompute(/swap) decision set is simulated and the
+planner's added time must equal the best one fitting each limit.
+"""
+import itertools
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ome import errors, optimal, planner, schedule, select, simulate
+from ome.costs import STATIC, CostModel
+from ome.graphview import build_view
+from ome.plans import make_plan
+from ome.schedule import Decision
+
+MiB = 2**20
+HOST = "/device:CPU:1"
+TINY = {"y:0": 4, "s_y:0": 4, "g_y:0": 4}
+# Random graphs: limits and peaks within this of the brute force's (4-byte tensors make
+# peaks differ by bytes, well inside the solver's relative gap).
+SLACK = 1024
+
+
+def seed(y="y:0"):
+    return [("s_y", "Shape", [y], 1), ("g_y", "Fill", ["s_y:0"], 1)]
+
+
+def view_of(forward, backward, grad, sizes=None):
+    return build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=[grad], seeds=["g_y"],
+                      sizes=dict(TINY, **(sizes or {})), persistent=["x:0"])
+
+
+def chain(n=6, costs=None, sizes=None):
+    """``n`` tanh layers; layer i costs ``costs[i]`` FLOPs (default 1e9)."""
+    forward, previous = [("x", "Placeholder", [], 1)], "x:0"
+    for i in range(n):
+        forward.append((f"a{i}", "Tanh", [previous], 1, {"cost": (costs or {}).get(i, 1e9)}))
+        previous = f"a{i}:0"
+    forward.append(("y", "Sum", [previous], 1))
+    backward, grad = seed(), "g_y:0"
+    for i in reversed(range(n)):
+        backward.append((f"g{i}", "TanhGrad", [f"a{i}:0", grad], 1))
+        grad = f"g{i}:0"
+    return view_of(forward, backward, grad, sizes)
+
+
+def residual(blocks=2):
+    """Blocks ``h + tanh(matmul(tanh(h)))``: the matmul is four times dearer."""
+    forward, h = [("x", "Placeholder", [], 1)], "x:0"
+    for i in range(blocks):
+        forward += [(f"a{i}", "Tanh", [h], 1, {"cost": 1e9}),
+                    (f"b{i}", "MatMul", [f"a{i}:0"], 1, {"cost": 4e9}),
+                    (f"c{i}", "Tanh", [f"b{i}:0"], 1, {"cost": 1e9}),
+                    (f"h{i}", "AddV2", [h, f"c{i}:0"], 1, {"cost": 1e8})]
+        h = f"h{i}:0"
+    forward.append(("y", "Sum", [h], 1))
+    backward, grad = seed(), "g_y:0"
+    for i in reversed(range(blocks)):
+        backward += [(f"dc{i}", "TanhGrad", [f"c{i}:0", grad], 1),
+                     (f"db{i}", "MatMul", [f"dc{i}:0", f"a{i}:0"], 1),
+                     (f"da{i}", "TanhGrad", [f"a{i}:0", f"db{i}:0"], 1),
+                     (f"dh{i}", "AddN", [grad, f"da{i}:0"], 1)]
+        grad = f"dh{i}:0"
+    return view_of(forward, backward, grad)
+
+
+def candidates(view):
+    forced = schedule.forced_keep(view)
+    return [t for t in select.Region(view).candidates if t not in forced]
+
+
+def every_plan(view, choices=(Decision.RECOMPUTE,), model=STATIC, host_device=None):
+    """(simulated peak, added seconds) of every decision set over the candidates."""
+    found = []
+    tensors = candidates(view)
+    for picked in itertools.product((Decision.KEEP,) + tuple(choices), repeat=len(tensors)):
+        decisions = dict(zip(tensors, picked))
+        plan = make_plan(view, decisions, {}, "brute force", host_device=host_device)
+        found.append((simulate.simulate(view, plan, model).device_peak,
+                      planner.added_seconds(view, plan, model)))
+    return found
+
+
+def cheapest_under(found, limit):
+    return min(seconds for peak, seconds in found if peak <= limit)
+
+
+def assert_optimal_at_every_limit(view, found, **options):
+    for limit in sorted({peak for peak, _ in found}):
+        plan = optimal.optimal(view, limit=limit, **options)
+        assert plan.estimates["device_peak"] <= limit
+        assert simulate.simulate(view, plan, options.get("model", STATIC)).device_peak <= limit
+        assert plan.estimates["added_seconds"] == pytest.approx(
+            cheapest_under(found, limit), rel=1e-9, abs=1e-15), f"limit {limit / MiB} MiB"
+
+
+# -- against brute force -------------------------------------------------------------------
+
+def test_a_chain_costs_the_brute_force_optimum_at_every_limit():
+    view = chain(6, costs={1: 5e9, 4: 3e9})
+    assert_optimal_at_every_limit(view, every_plan(view))
+
+
+def test_residual_blocks_cost_the_brute_force_optimum_at_every_limit():
+    view = residual(2)
+    assert_optimal_at_every_limit(view, every_plan(view))
+
+
+@pytest.mark.parametrize("model", [STATIC, CostModel(bandwidth=1e9)],
+                         ids=["transfers-hidden", "slow-host-link"])
+def test_swapping_costs_the_brute_force_optimum_at_every_limit(model):
+    view = chain(4)
+    found = every_plan(view, (Decision.RECOMPUTE, Decision.SWAP), model, HOST)
+    assert_optimal_at_every_limit(view, found, model=model, host_device=HOST)
+
+
+def test_without_a_limit_the_peak_is_the_smallest_and_then_the_cheapest():
+    view = residual(2)
+    found = every_plan(view)
+    smallest = min(peak for peak, _ in found)
+    plan = optimal.optimal(view)
+    assert plan.estimates["device_peak"] == smallest
+    assert plan.estimates["added_seconds"] == pytest.approx(cheapest_under(found, smallest))
+
+
+# -- the contract --------------------------------------------------------------------------
+
+def test_never_worse_than_auto_and_says_where_the_plan_came_from():
+    view = chain(12)
+    auto = simulate.simulate(view, select.auto(view)).device_peak
+    plan = optimal.optimal(view)
+    assert plan.policy == "optimal"
+    assert plan.estimates["device_peak"] <= auto
+    assert plan.estimates["solver"] in optimal.SOLVER_NAMES
+    assert {"added_seconds", "gap", "solve_seconds", "model_peak"} <= set(plan.estimates)
+    assert str(plan).startswith("Plan[optimal]")
+
+
+def test_a_limit_plain_backprop_fits_keeps_everything():
+    view = chain(6)
+    plain = simulate.simulate(view, select.keep_all(view)).device_peak
+    plan = optimal.optimal(view, limit=plain)
+    assert plan.changes_nothing() and plan.estimates["added_seconds"] == 0
+    assert plan.estimates["solver"] == optimal.SOLVER_PLAIN
+
+
+def test_the_limit_is_met_by_the_simulated_peak():
+    view = chain(20)
+    for limit in ("7MiB", 10 * MiB, "15 MiB"):
+        plan = optimal.optimal(view, limit=limit)
+        peak = simulate.simulate(view, plan).device_peak
+        assert peak == plan.estimates["device_peak"] <= planner.parse_bytes(limit)
+        assert plan.count(Decision.RECOMPUTE) > 0
+
+
+def test_an_infeasible_limit_names_the_smallest_peak_reached():
+    view = chain(6)
+    smallest = optimal.optimal(view).estimates["device_peak"]
+    with pytest.raises(errors.BudgetError, match="smallest peak reached is") as raised:
+        optimal.optimal(view, limit=smallest - MiB)
+    assert f"({int(smallest)} bytes" in str(raised.value)
+
+
+def test_pins_are_honoured():
+    view = chain(6)
+    pins = {"a5:0": "recompute", "a1:0": "keep", "a2:0": Decision.SWAP}
+    plan = optimal.optimal(view, limit=5 * MiB, pins=pins, host_device=HOST)
+    assert plan.decision("a5:0") == Decision.RECOMPUTE
+    assert plan.decision("a1:0") == Decision.KEEP
+    assert plan.decision("a2:0") == Decision.SWAP and "a2:0" in plan.swapped
+    assert plan.estimates["device_peak"] <= 5 * MiB
+
+
+def test_swaps_only_with_a_host_device():
+    view = chain(6)
+    assert not optimal.optimal(view, limit=4 * MiB).swapped
+    with pytest.raises(errors.InvalidArgumentError, match="host_device"):
+        optimal.optimal(view, pins={"a2:0": "swap"})
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"time_limit": 0}, "positive"), ({"time_limit": -1.0}, "positive"),
+    ({"pins": {"x:0": "recompute"}}, "no inputs"), ({"pins": {"a1:0": "maybe"}}, "one of"),
+])
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        optimal.optimal(chain(4), **options)
+
+
+def test_a_graph_with_nothing_to_recompute_keeps_everything():
+    forward = [("x", "Placeholder", [], 1),
+               ("a", "RandomUniform", ["x:0"], 1, {"recomputable": False, "reason": "stateful"}),
+               ("y", "Sum", ["a:0"], 1)]
+    view = view_of(forward, seed() + [("ga", "Mul", ["a:0", "g_y:0"], 1)], "ga:0")
+    plan = optimal.optimal(view)
+    assert plan.changes_nothing()
+    with pytest.raises(errors.BudgetError):
+        optimal.optimal(view, limit=MiB // 2)
+
+
+def test_the_frontier_trades_time_for_memory():
+    view = chain(12)
+    limits = [6 * MiB, 8 * MiB, 10 * MiB, 14 * MiB]
+    points = optimal.frontier(view, [4 * MiB] + limits)
+    assert points[0].device_peak is None
+    assert all(p.device_peak <= p.limit for p in points[1:])
+    seconds = [p.added_seconds for p in points[1:]]
+    assert seconds == sorted(seconds, reverse=True) and seconds[-1] == 0
+
+
+# -- random graphs -------------------------------------------------------------------------
+
+@st.composite
+def random_views(draw, most_ops=7):
+    """Small random DAGs of tanh/sin/matmul/mul/add ops, each with its own gradient."""
+    forward, tensors, specs = [("x", "Placeholder", [], 1)], ["x:0"], []
+    sizes = {}
+    for i in range(draw(st.integers(3, most_ops))):
+        kind = draw(st.sampled_from(["Tanh", "Sin", "MatMul", "Mul", "AddV2"]))
+        arity = 2 if kind in ("Mul", "AddV2") else 1
+        inputs = [draw(st.sampled_from(tensors[-3:]))] + \
+            [draw(st.sampled_from(tensors)) for _ in range(arity - 1)]
+        cost = draw(st.sampled_from([1e9, 4e9]))
+        forward.append((f"f{i}", kind, inputs, 1, {"cost": cost}))
+        specs.append((f"f{i}", kind, inputs))
+        tensors.append(f"f{i}:0")
+        sizes[f"f{i}:0"] = draw(st.sampled_from([1, 2, 3])) * MiB
+    read = {t for _, _, inputs in specs for t in inputs}
+    loose = [t for t in tensors[1:] if t not in read]
+    forward.append(("y", "AddN" if len(loose) > 1 else "Sum", loose, 1))
+    backward, grads = seed(), {t: ["g_y:0"] for t in loose}
+
+    def grad_of(t):
+        parts = grads[t]
+        if len(parts) == 1:
+            return parts[0]
+        name = "sum_" + t.replace(":", "_")
+        backward.append((name, "AddN", parts, 1))
+        return f"{name}:0"
+
+    for name, kind, inputs in reversed(specs):
+        out = f"{name}:0"
+        if out not in grads:
+            continue
+        g = grad_of(out)
+        if kind == "Tanh":
+            backward.append((f"d_{name}", "TanhGrad", [out, g], 1))
+            flows = [(inputs[0], f"d_{name}:0")]
+        elif kind == "Sin":
+            backward += [(f"cos_{name}", "Cos", [inputs[0]], 1),
+                         (f"d_{name}", "Mul", [f"cos_{name}:0", g], 1)]
+            flows = [(inputs[0], f"d_{name}:0")]
+        elif kind == "MatMul":
+            backward.append((f"d_{name}", "MatMul", [g, inputs[0]], 1))
+            flows = [(inputs[0], f"d_{name}:0")]
+        elif kind == "Mul":
+            backward += [(f"d0_{name}", "Mul", [g, inputs[1]], 1),
+                         (f"d1_{name}", "Mul", [g, inputs[0]], 1)]
+            flows = [(inputs[0], f"d0_{name}:0"), (inputs[1], f"d1_{name}:0")]
+        else:
+            flows = [(inputs[0], g), (inputs[1], g)]
+        for t, flow in flows:
+            grads.setdefault(t, []).append(flow)
+    return view_of(forward, backward, grad_of("x:0"), sizes)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_views())
+def test_random_graphs_fit_their_limit_and_never_beat_brute_force(view):
+    found = every_plan(view)
+    peaks = sorted({peak for peak, _ in found})
+    limit = peaks[len(peaks) // 2] + SLACK
+    plan = optimal.optimal(view, limit=limit)
+    assert simulate.simulate(view, plan).device_peak <= limit
+    assert plan.estimates["added_seconds"] >= cheapest_under(found, limit) - 1e-15
+    smallest = optimal.optimal(view).estimates["device_peak"]
+    assert smallest <= simulate.simulate(view, select.auto(view)).device_peak
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_views(most_ops=4))
+def test_small_random_graphs_with_swaps_get_the_brute_force_optimum(view):
+    model = CostModel(bandwidth=2e11)
+    found = every_plan(view, (Decision.RECOMPUTE, Decision.SWAP), model, HOST)
+    peaks = sorted({peak for peak, _ in found})
+    smallest = optimal.optimal(view, model=model, host_device=HOST)
+    assert smallest.estimates["device_peak"] <= peaks[0] + SLACK
+    limit = peaks[len(peaks) // 2] + SLACK
+    plan = optimal.optimal(view, limit=limit, model=model, host_device=HOST)
+    assert simulate.simulate(view, plan, model).device_peak <= limit
+    assert plan.estimates["added_seconds"] == pytest.approx(
+        cheapest_under(found, limit), rel=1e-9, abs=1e-15)
+
+
+# -- real models (TensorFlow) --------------------------------------------------------------
+
+def _resnet(name, batch, size):
+    import models
+    import tensorflow as tf
+    images = tf.compat.v1.placeholder(tf.float32, [batch, size, size, 3])
+    logits = models.build(name, images, num_classes=10)
+    loss = tf.reduce_mean(tf.square(logits))
+    return images, loss, tf.compat.v1.trainable_variables()
+
+
+@pytest.mark.slow
+def test_resnet200_plans_in_five_seconds_and_the_plan_gives_tf_gradients():
+    import tensorflow as tf
+
+    import ome
+    with tf.Graph().as_default():
+        _, loss, variables = _resnet("resnet200", 1, 64)
+        view = ome.capture_view(loss, variables)
+    started = time.perf_counter()
+    smallest = optimal.optimal(view)
+    assert time.perf_counter() - started < 5.0
+    plain = simulate.simulate(view, select.keep_all(view)).device_peak
+    assert smallest.estimates["device_peak"] <= \
+        simulate.simulate(view, select.auto(view)).device_peak
+    limit = (smallest.estimates["device_peak"] + plain) // 2
+    started = time.perf_counter()
+    plan = optimal.optimal(view, limit=limit)
+    assert time.perf_counter() - started < 5.0
+    assert plan.estimates["device_peak"] <= limit and plan.recomputed
+
+    with tf.Graph().as_default():
+        images, loss, variables = _resnet("resnet200", 1, 64)
+        grads = ome.apply_plan(plan, loss, variables)
+        expected = tf.gradients(loss, variables)
+        feed = {images: np.random.RandomState(0).randn(1, 64, 64, 3).astype(np.float32)}
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            got, want = session.run([grads, expected], feed)
+    for g, w, v in zip(got, want, variables):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=v.name)
