@@ -35,3 +35,11 @@ def test_refusals_compile_guard_budget_and_patch_warning():
     lines = run_script("keras_errors.py")
     assert len(lines) == 12, lines
     assert lines[-1].startswith("OK patch warns once")
+
+
+def test_real_architectures_and_an_lstm_equal_tf_gradients():
+    # Issue #10 items 8-10 on EfficientNetB0, ResNet50V2, VGG16, InceptionResNetV2, LSTM.
+    lines = run_script("keras_applications.py", timeout=900)
+    for name in ("EfficientNetB0 speed", "ResNet50V2 speed", "VGG16 speed", "VGG16 memory",
+                 "InceptionResNetV2 speed", "LSTM auto"):
+        assert any(line.startswith(f"OK {name}") for line in lines), name
