@@ -102,3 +102,19 @@ def test_small_budgets_print_units_that_show_them_and_a_fitting_budget_succeeds(
     plan, _ = compare([y], [x], {x: RNG.randn(4, 4).astype(np.float32)},
                       memory_budget="1MiB")
     assert plan.policy == "budget:none"
+
+
+def test_none_exactly_where_tf_gradients_has_none(graph):
+    # Class 3: "speed" gave a gradient where tf.gradients gives None.
+    x = tf.compat.v1.placeholder(tf.float32, [64, 64])
+    unused = tf.compat.v1.placeholder(tf.float32, [64, 64])
+    side = tf.tanh(unused)  # feeds nothing ys depend on
+    w = tf.compat.v1.get_variable("w3", initializer=RNG.randn(64, 64).astype(np.float32))
+    h = x
+    for _ in range(4):
+        h = tf.tanh(tf.matmul(h, w))
+    feed = {x: RNG.randn(64, 64).astype(np.float32),
+            unused: RNG.randn(64, 64).astype(np.float32)}
+    plan, _ = compare([tf.reduce_sum(h)], [x, unused, side, w], feed, checkpoints="speed",
+                      pin={h.op.inputs[0]: "recompute"})
+    assert plan.recomputed
