@@ -176,7 +176,8 @@ def residual_stream(view):
     A skip connection is an ``Add`` whose one input is a tensor ``x`` and whose other input
     is computed from ``x``: ``x + f(x)``. Its ``x`` starts it when ``x`` separates the graph
     or comes from outside the region (the fed input of a model whose first block reads it);
-    its sum, when it separates the graph, ends it.
+    its sum, when it separates the graph, ends it. ``x`` has the sum's shape (a mask is
+    broadcast).
     """
     region = Region(view)
     separators = set(_separators(view, region))
@@ -188,11 +189,14 @@ def residual_stream(view):
         if info.type not in RESIDUAL_JOIN_TYPES or len(info.inputs) != 2:
             continue
         for skip, branch in (info.inputs, info.inputs[::-1]):
-            if skip in starts and nx.has_path(graph, view.tensors[skip].op,
-                                              view.tensors[branch].op):
+            # Same shape as the sum: an attention mask reused by every layer is also added
+            # to something computed from it, but broadcast.
+            if skip in starts and view.tensors[skip].shape == \
+                    view.tensors[info.outputs[0]].shape and \
+                    nx.has_path(graph, view.tensors[skip].op, view.tensors[branch].op):
                 stream.add(skip)
                 stream.update(t for t in info.outputs if t in separators)
-    return sorted(stream, key=region.produced_at)
+    return sorted(stream, key=lambda t: (region.produced_at(t), view.position[view.tensors[t].op]))
 
 
 def _require_cores(view):
