@@ -210,7 +210,10 @@ def _no_grappler():
     return config
 
 
-@pytest.mark.parametrize("name", models.NAMES)
+# The deepest two run with -m slow: the suite stays under 15 minutes on 2 cores.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n in ("resnet152", "resnet200") else n
+                                  for n in models.NAMES])
 def test_training_steps_lower_the_loss(graph, name):
     size = models.MIN_IMAGE_SIZE[name]
     # Dropout off: its noise is not what this test is about (and one fixed batch is fitted).
