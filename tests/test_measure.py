@@ -134,21 +134,6 @@ def test_n_live_tensors_cost_n_mib(graph, n):
 
 
 @needs_no_gpu
-def test_variable_shows_up_in_mem_used(graph):
-    step = _live_together(2)
-    big = tf.Variable(tf.zeros([4 * 256, 1024]), name="big")  # 4 MiB, unused by the step
-    with tf.compat.v1.Session() as session:
-        session.run(tf.compat.v1.variables_initializer([v for v in tf.compat.v1.global_variables()
-                                                        if v is not big]))
-        before = measure(session, step, steps=2, trace=False)
-        session.run(big.initializer)
-        after = measure(session, step, steps=2, trace=False)
-    assert abs(after.mem_used - before.mem_used - 4 * MiB) <= TOL
-    assert abs(after.memory_cost - before.memory_cost) <= TOL
-    assert before.per_device is None
-
-
-@needs_no_gpu
 def test_fetched_values_are_not_counted_as_used(graph):
     v = tf.Variable(tf.ones(SHAPE))
     out = tf.sin(v)  # fetched: on CPU its numpy array would share the TF buffer
@@ -308,6 +293,24 @@ _FRESH_PROCESS = textwrap.dedent(
 )
 
 _FRESH_BODIES = {
+    # mem_used is process-wide: in the test process a thread left by an earlier test
+    # (a tf.data prefetch, say) can allocate between the two measurements.
+    "variable_in_mem_used": """
+from ome.measure import measure
+MiB = 1 << 20
+tf.compat.v1.disable_eager_execution()
+v = tf.Variable(tf.ones([256, 1024]))
+step = tf.reduce_sum(tf.sin(v + 1.0) + tf.sin(v + 2.0))
+big = tf.Variable(tf.zeros([4 * 256, 1024]))  # 4 MiB, unused by the step
+with tf.compat.v1.Session() as session:
+    session.run(v.initializer)
+    before = measure(session, step, steps=2, trace=False)
+    session.run(big.initializer)
+    after = measure(session, step, steps=2, trace=False)
+assert abs(after.mem_used - before.mem_used - 4 * MiB) <= MiB // 16, (before, after)
+assert abs(after.memory_cost - before.memory_cost) <= MiB // 16, (before, after)
+assert before.per_device is None
+""",
     "configures": """
 try:
     host.default_host_device()
@@ -330,8 +333,9 @@ except DeviceError as err:
 }
 
 
-def test_emulate_host_in_fresh_processes():
-    """Both runtime states need a process of their own; they run side by side."""
+def test_in_fresh_processes():
+    """Checks that need a process of their own (the runtime's devices, process-wide
+    memory counters); they run side by side."""
     processes = {
         name: subprocess.Popen(
             [sys.executable, "-c", _FRESH_PROCESS.replace("{body}", body)],
