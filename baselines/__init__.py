@@ -24,6 +24,7 @@ ome-swap               ``ome.gradients(swap="auto")``
 import inspect
 from typing import Callable, Dict
 
+import ome
 from ome import errors
 
 from baselines.checkpointing import (ome_budget, ome_default, ome_swap, openai, openai_collection,
@@ -38,11 +39,16 @@ __all__ = ["Built", "STRATEGIES", "ALIASES", "build", "model_options", "options_
            "recompute_block"]
 
 
-def vanilla(loss, variables):
-    """Plain ``tf.gradients`` with the default Session config."""
+def vanilla(loss, variables, *, cost_model=None):
+    """Plain ``tf.gradients`` with the default Session config. With ``cost_model`` (a
+    profile), ``info["estimates"]`` holds ome's simulation of plain backprop, whose
+    predictions ``benchmark.py --simulator-check`` compares with the measurement."""
     timer = Timer(graph_of(loss))
+    estimates = {} if cost_model is None else dict(
+        ome.plan(loss, variables, checkpoints="none", cost_model=cost_model).estimates)
     grads = tf_gradients(loss, variables)
-    return Built(grads=grads, info=timer.facts(strategy="vanilla", checkpoints=(), swapped=()))
+    return Built(grads=grads, info=timer.facts(strategy="vanilla", checkpoints=(), swapped=(),
+                                               estimates=estimates))
 
 
 STRATEGIES: Dict[str, Callable[..., Built]] = {

@@ -21,58 +21,65 @@ def _facts(strategy, plan, info, timer):
                        estimates=dict(plan.estimates))
 
 
-def openai(loss, variables, *, checkpoints="memory", batch_size=None):
+def openai(loss, variables, *, checkpoints="memory", batch_size=None, cost_model=None):
     """OpenAI's ``gradients(ys, xs, checkpoints=...)``: 'memory' (default), 'speed' or
     'collection'. Raises :class:`ome.errors.NoBottleneckError` where 'memory' finds no
-    tensor that separates the graph, as OpenAI's library did."""
+    tensor that separates the graph, as OpenAI's library did. ``cost_model`` only informs
+    the plan's predictions (OpenAI's choice ignores costs)."""
     if checkpoints not in OPENAI_MODES:
         raise errors.InvalidArgumentError(
             f"openai: checkpoints must be one of {OPENAI_MODES} (OpenAI's modes), got "
             f"{checkpoints!r}; a list of tensors is ome's own extension: use strategy 'ome'")
     timer = Timer(graph_of(loss))
     grads, (plan, info) = ome.gradients(loss, variables, checkpoints=checkpoints,
-                                        batch_size=batch_size, return_info=True,
-                                        name="openai_gradients")
+                                        batch_size=batch_size, cost_model=cost_model,
+                                        return_info=True, name="openai_gradients")
     return Built(grads=grads, info=_facts(f"openai-{checkpoints}", plan, info, timer))
 
 
-def openai_memory(loss, variables, *, batch_size=None):
+def openai_memory(loss, variables, *, batch_size=None, cost_model=None):
     """``openai`` with ``checkpoints='memory'`` (the same as plain ``openai``)."""
-    return openai(loss, variables, checkpoints="memory", batch_size=batch_size)
+    return openai(loss, variables, checkpoints="memory", batch_size=batch_size,
+                  cost_model=cost_model)
 
 
-def openai_speed(loss, variables, *, batch_size=None):
+def openai_speed(loss, variables, *, batch_size=None, cost_model=None):
     """``openai`` with ``checkpoints='speed'``: keep every conv/matmul output."""
-    return openai(loss, variables, checkpoints="speed", batch_size=batch_size)
+    return openai(loss, variables, checkpoints="speed", batch_size=batch_size,
+                  cost_model=cost_model)
 
 
-def openai_collection(loss, variables, *, batch_size=None):
+def openai_collection(loss, variables, *, batch_size=None, cost_model=None):
     """``openai`` with ``checkpoints='collection'``: the graph collection "checkpoints"."""
-    return openai(loss, variables, checkpoints="collection", batch_size=batch_size)
+    return openai(loss, variables, checkpoints="collection", batch_size=batch_size,
+                  cost_model=cost_model)
 
 
-def _ome(strategy, loss, variables, checkpoints, swap, memory_budget, host_device, batch_size):
+def _ome(strategy, loss, variables, **options):
     timer = Timer(graph_of(loss))
-    grads, (plan, info) = ome.gradients(loss, variables, checkpoints=checkpoints, swap=swap,
-                                        memory_budget=memory_budget, host_device=host_device,
-                                        batch_size=batch_size, return_info=True)
+    grads, (plan, info) = ome.gradients(loss, variables, return_info=True, **options)
     return Built(grads=grads, info=_facts(strategy, plan, info, timer))
 
 
 def ome_default(loss, variables, *, checkpoints="auto", swap=False, host_device=None,
-                batch_size=None):
-    """``ome.gradients`` with its defaults (``checkpoints='auto'``, no swapping)."""
-    return _ome("ome", loss, variables, checkpoints, swap, None, host_device, batch_size)
+                batch_size=None, cost_model=None):
+    """``ome.gradients`` with its defaults (``checkpoints='auto'``, no swapping);
+    ``cost_model``: a profile (``ome.profile``) the plan uses instead of static costs."""
+    return _ome("ome", loss, variables, checkpoints=checkpoints, swap=swap,
+                host_device=host_device, batch_size=batch_size, cost_model=cost_model)
 
 
 def ome_swap(loss, variables, *, checkpoints="auto", swap="auto", host_device=None,
-             batch_size=None):
+             batch_size=None, cost_model=None):
     """``ome.gradients(swap='auto')``: checkpoints moved to the host where it pays."""
-    return _ome("ome-swap", loss, variables, checkpoints, swap, None, host_device, batch_size)
+    return _ome("ome-swap", loss, variables, checkpoints=checkpoints, swap=swap,
+                host_device=host_device, batch_size=batch_size, cost_model=cost_model)
 
 
-def ome_budget(loss, variables, *, memory_budget, host_device=None, batch_size=None):
+def ome_budget(loss, variables, *, memory_budget, host_device=None, batch_size=None,
+               cost_model=None):
     """``ome.gradients(memory_budget=...)``: keep / recompute / swap chosen to fit a budget
-    (bytes or "2GiB"), swapping allowed."""
-    return _ome("ome-budget", loss, variables, "auto", "auto", memory_budget, host_device,
-                batch_size)
+    (bytes or "2GiB"), swapping allowed; ``cost_model`` (``ome.profile``) makes the budget
+    count kernel scratch memory and what stays allocated between steps."""
+    return _ome("ome-budget", loss, variables, memory_budget=memory_budget, swap="auto",
+                host_device=host_device, batch_size=batch_size, cost_model=cost_model)

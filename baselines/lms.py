@@ -65,7 +65,7 @@ def lms(loss, variables, *, n_tensors=-1, lb=None, ub=10000, starting_scope=None
         starting_op_names=None, excl_scopes=None, incl_scopes=None, excl_types=None,
         incl_types=None, fuse_swapins=False, swapout_threshold=None, swapin_ahead=None,
         swapin_groupby=None, sync_mode=0, memory_budget=None, batch_size=None,
-        host_device=None):
+        host_device=None, cost_model=None):
     """``tf.gradients`` with LMS swapping: forward tensors go to the host and come back.
 
     Parameters
@@ -87,6 +87,8 @@ def lms(loss, variables, *, n_tensors=-1, lb=None, ub=10000, starting_scope=None
         simulated peak fits this many bytes (e.g. "2GiB").
     batch_size : resolves an unknown batch dimension for sizes.
     host_device : where swapped tensors go (default ``ome.host.default_host_device()``).
+    cost_model : a profile (``ome.profile``) for the plan's predictions; LMS's choice of
+        tensors ignores costs.
     """
     options = check_options(n_tensors, lb, ub, fuse_swapins, swapout_threshold, swapin_ahead,
                             swapin_groupby, sync_mode, memory_budget, starting_scope,
@@ -105,7 +107,7 @@ def lms(loss, variables, *, n_tensors=-1, lb=None, ub=10000, starting_scope=None
               _SYNC_MODES[options.sync_mode])
     grads, (plan, info) = ome.gradients(
         loss, variables, checkpoints=lambda view: policy(view, options, host_device),
-        batch_size=batch_size, return_info=True, name="lms_gradients")
+        batch_size=batch_size, cost_model=cost_model, return_info=True, name="lms_gradients")
     log.info("Edited model is valid and logically equivalent to the original one")
     log.info("Added %d ops into the model", info.added_ops)
     log.info("Editing model for LMS, took: %.1f ms", (time.perf_counter() - start) * 1e3)
@@ -113,7 +115,8 @@ def lms(loss, variables, *, n_tensors=-1, lb=None, ub=10000, starting_scope=None
     facts = timer.facts(strategy="lms", checkpoints=(), swapped=plan.swapped,
                         lms_added_ops=info.added_ops, host_device=host_device,
                         lb=options.ahead, ub=options.ub,
-                        swapped_bytes=plan.estimates.get("swap_bytes", 0))
+                        swapped_bytes=plan.estimates.get("swap_bytes", 0),
+                        estimates=dict(plan.estimates))
     if options.memory_budget is not None:
         facts["simulated_peak"] = plan.estimates["device_peak"]
     return Built(grads=grads, info=facts)

@@ -67,7 +67,8 @@ class BenchConfig:
     ``image_size`` is the side asked for; ``image_sizes`` what each model runs at (raised
     to a model's minimum). ``existing`` says what to do with rows already in ``out``:
     ``"refuse"``, ``"resume"`` or ``"overwrite"`` (see :mod:`benchmark_lib.resume`).
-    ``notes`` are remarks about the arguments for the user.
+    ``notes`` are remarks about the arguments for the user. ``profile``: every run profiles
+    the plain step first and plans with the measured costs (see ``RunSpec``).
     """
 
     mode: str
@@ -86,11 +87,13 @@ class BenchConfig:
     batch_cap: int
     existing: str
     notes: Tuple[str, ...] = ()
+    profile: bool = False
 
     def settings(self):
         """What results resumed into this run must have been measured with."""
         return {"format": RESULTS_FORMAT, "mode": self.mode, "image_size": self.image_size,
-                "steps": self.steps, "warmup": self.warmup, "budget_bytes": self.budget}
+                "steps": self.steps, "warmup": self.warmup, "budget_bytes": self.budget,
+                "profile": self.profile}
 
     def runs(self):
         """Every (model, strategy, batch) asked for: by model, then batch, then strategy."""
@@ -101,23 +104,28 @@ class BenchConfig:
         """The worker spec measuring ``key``."""
         return RunSpec(model=key.model, strategy=key.strategy, batch_size=key.batch_size,
                        image_size=self.image_sizes[key.model], steps=self.steps,
-                       warmup=self.warmup, budget=self.budget, measure_lock=measure_lock)
+                       warmup=self.warmup, budget=self.budget, measure_lock=measure_lock,
+                       profile=self.profile)
 
     def to_dict(self):
         return dataclasses.asdict(self)
 
 
-def from_args(args, mode, *, out=None, batch_sizes=None, jobs=None):
+def from_args(args, mode, *, out=None, batch_sizes=None, jobs=None, models=None,
+              strategies=None, image_size=None, profile=False):
     """Check ``args`` (from :func:`benchmark_lib.cli.make_parser`) into a :class:`BenchConfig`.
 
-    ``out``, ``batch_sizes`` and ``jobs`` replace the preset's defaults for ``mode``.
-    Raises :class:`ConfigError`.
+    ``out``, ``batch_sizes``, ``jobs``, ``models``, ``strategies`` and ``image_size`` replace
+    the preset's defaults for ``mode``. Raises :class:`ConfigError`.
     """
     preset = PRESETS[args.preset or "quick"]
+    if models is not None:
+        preset = dataclasses.replace(preset, models=tuple(models))
     models, named = _models(args, preset)
     budget = _budget(args.budget)
-    strategies = _strategies(args.strategies, budget)
-    image_sizes, notes = _image_sizes(args.image_size or preset.image_size, models, named)
+    strategies = _strategies(args.strategies or strategies, budget)
+    image_sizes, notes = _image_sizes(args.image_size or image_size or preset.image_size,
+                                      models, named)
     steps = args.steps or preset.steps
     if steps < TRUSTED_STEPS:
         notes.append(f"--steps {steps}: with fewer than {TRUSTED_STEPS} timed steps the spread "
@@ -128,12 +136,13 @@ def from_args(args, mode, *, out=None, batch_sizes=None, jobs=None):
     return BenchConfig(
         mode=mode, preset=preset.name, models=tuple(models), strategies=tuple(strategies),
         batch_sizes=tuple(args.batch_size or batch_sizes or preset.batch_sizes),
-        image_size=args.image_size or preset.image_size, image_sizes=image_sizes, steps=steps,
+        image_size=args.image_size or image_size or preset.image_size,
+        image_sizes=image_sizes, steps=steps,
         warmup=warmup, budget=budget, out=args.out or out or preset.out,
         timeout=args.timeout or preset.timeout, jobs=args.jobs or jobs or preset.jobs,
         batch_cap=args.batch_cap or MAX_BATCH_CAP,
         existing="resume" if args.resume else "overwrite" if args.overwrite else "refuse",
-        notes=tuple(notes))
+        notes=tuple(notes), profile=profile)
 
 
 def check_models(args, default):

@@ -25,7 +25,9 @@ class RunSpec:
 
     ``budget`` (bytes) goes to strategies that take a ``memory_budget``, and a run whose
     device peak exceeds it is ``oom``. ``measure_lock`` is a file the worker locks while it
-    runs the measured steps, so no two workers time steps at once.
+    runs the measured steps, so no two workers time steps at once. With ``profile`` the
+    worker first profiles the plain step (``ome.profile``) and gives the cost model to
+    strategies that take one, and the row carries the plan's predictions.
     """
 
     model: str
@@ -36,6 +38,7 @@ class RunSpec:
     warmup: int
     budget: Optional[int] = None
     measure_lock: Optional[str] = None
+    profile: bool = False
     task: str = "run"
 
 

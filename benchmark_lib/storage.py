@@ -33,7 +33,10 @@ class Row:
     cause in ``reason``). ``step_time_s`` is the median of ``timed_steps`` steps and
     ``step_time_q1_s``/``step_time_q3_s`` their quartiles (see
     ``ome.measure.Measurement.step_time_quartiles``); the memory figures are
-    ``ome.measure``'s (``device_peak_bytes``: see ``ome.measure.device_peaks``).
+    ``ome.measure``'s (``device_peak_bytes``: see ``ome.measure.device_peaks``). Runs with a
+    profile (``--simulator-check``, ``--frontier``) carry the plan's predictions: its
+    simulated device peak (what stays allocated between steps included) and the seconds it
+    was estimated to add to the plain step.
     """
 
     model: str
@@ -55,6 +58,8 @@ class Row:
     rewrite_time_s: Optional[float] = None
     checkpoint_count: Optional[int] = None
     swapped_count: Optional[int] = None
+    predicted_peak_bytes: Optional[int] = None
+    predicted_added_s: Optional[float] = None
     reason: Optional[str] = None
 
     @property

@@ -82,9 +82,14 @@ def _measure(spec):
     details = {"tensorflow": tf.__version__}
     made = {}
 
+    costs = _profile(spec) if spec.profile else None
+    if costs is not None:
+        details["cost_model"] = str(costs)
+
     def gradients(ys, xs):
         start = time.perf_counter()
-        offered = {"memory_budget": spec.budget, "batch_size": spec.batch_size}
+        offered = {"memory_budget": spec.budget, "batch_size": spec.batch_size,
+                   "cost_model": costs}
         options = {k: v for k, v in offered.items()
                    if k in baselines.options_of(spec.strategy) and v is not None}
         made["built"] = baselines.build(spec.strategy, ys, xs, **options)
@@ -117,6 +122,7 @@ def _measure(spec):
         return Row(**base, status="error", reason=_first_lines(exc)), details
 
     q1, median, q3 = m.step_time_quartiles
+    estimates = info.get("estimates") or {}
     row = Row(**base, status="ok", device_peak_bytes=m.device_peak, host_peak_bytes=m.host_peak,
               max_mem_bytes=m.max_mem, mem_used_bytes=m.mem_used,
               memory_cost_bytes=m.memory_cost, host_rss_bytes=m.host_rss,
@@ -125,13 +131,36 @@ def _measure(spec):
               images_per_s=spec.batch_size / median if median else None,
               rewrite_time_s=info.get("rewrite_time", made["seconds"]),
               checkpoint_count=_count(info.get("checkpoints")),
-              swapped_count=_count(info.get("swapped")))
+              swapped_count=_count(info.get("swapped")),
+              predicted_peak_bytes=_int(estimates.get("device_peak")) if costs else None,
+              predicted_added_s=estimates.get("added_seconds") if costs else None)
     details["measurement"] = m.to_dict()
     if spec.budget is not None and m.device_peak > spec.budget:
         row = dataclasses.replace(row, status="oom",
                                   reason=f"device peak {format_mib(m.device_peak)} MiB exceeds "
                                          f"the budget {format_mib(spec.budget)} MiB")
     return row, details
+
+
+def _profile(spec):
+    """The cost model of ``spec``'s plain training step (``ome.profile``), measured in the
+    measurement slot so no other worker's timed steps run meanwhile."""
+    import tensorflow as tf
+    import models
+    import ome
+    from ome import host
+
+    with tf.Graph().as_default() as graph:
+        step = models.build_train_step(spec.model, spec.batch_size, spec.image_size)
+        with _measurement_slot(spec.measure_lock), \
+                tf.compat.v1.Session(graph=graph, config=host.session_config()) as session:
+            session.run(step.init_op)
+            return ome.profile(session, step.train_op, step.feed_dict, steps=2,
+                               host_device=host.default_host_device())
+
+
+def _int(value):
+    return None if value is None else int(value)
 
 
 def _first_lines(exc, n=3, limit=500):

@@ -24,7 +24,9 @@ class CostModel:
     name (measured; e.g. a convolution's workspace). ``resident_bytes``: bytes allocated
     between steps (variables, optimizer slots and whatever the runtime keeps); None means
     "count the variables" (the caller's static estimate). ``source`` says where the
-    figures come from.
+    figures come from. ``backward_scope``: the name scope the profiled step's backward ops
+    were built under (``tf.gradients``' own ``gradients``), so that a backward pass built
+    under another scope (``name=`` of ``ome.gradients``) finds its ops' figures.
     """
 
     bandwidth: float = 12e9
@@ -33,6 +35,20 @@ class CostModel:
     temporaries: Dict[str, int] = field(default_factory=dict)
     resident_bytes: Optional[int] = None
     source: str = "static defaults"
+    backward_scope: str = "gradients"
+
+    def in_scope(self, scope):
+        """This model with the figures of backward ops re-keyed from ``backward_scope`` to
+        ``scope`` (forward op names do not change)."""
+        if scope == self.backward_scope:
+            return self
+        old, new = self.backward_scope + "/", scope + "/"
+
+        def rekey(table):
+            return {new + k[len(old):] if k.startswith(old) else k: v for k, v in table.items()}
+
+        return dataclasses.replace(self, op_seconds=rekey(self.op_seconds),
+                                   temporaries=rekey(self.temporaries), backward_scope=scope)
 
     def seconds(self, view, op):
         """Seconds one run of forward op ``op`` (a name in ``view``) takes."""

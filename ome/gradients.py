@@ -197,13 +197,15 @@ def _static_bytes(graph):
 
 
 def make_policy_plan(view, options, graph):
-    """The Plan ``options`` ask for on captured ``view``."""
+    """The Plan ``options`` ask for on captured ``view``; its ``device_peak`` estimate
+    counts what stays allocated between steps (the profile's resident bytes, else the
+    variables)."""
+    resident = options.model.resident_bytes
+    static_bytes = _static_bytes(graph) if resident is None else resident
     if options.budget is not None:
-        resident = options.model.resident_bytes
         return planner.fit_budget(
             view, options.budget, host_device=options.host_device, model=options.model,
-            static_bytes=_static_bytes(graph) if resident is None else resident,
-            pins=options.pins)
+            static_bytes=static_bytes, pins=options.pins)
     if callable(options.checkpoints):
         plan = options.checkpoints(view)
         if not isinstance(plan, Plan):
@@ -234,18 +236,18 @@ def make_policy_plan(view, options, graph):
         plan = make_plan(view, plan.decisions(), {t.tensor: t.reason for t in plan.tensors},
                          plan.policy, checkpoints=plan.checkpoints,
                          host_device=options.host_device, swap_ahead=options.swap_ahead)
-    plan = planner.with_predictions(view, plan, options.model)
+    plan = planner.with_predictions(view, plan, options.model, static_bytes)
     if options.user_decided():
         return plan
-    return _no_worse_than_plain(view, plan, options.model)
+    return _no_worse_than_plain(view, plan, options.model, static_bytes)
 
 
-def _no_worse_than_plain(view, plan, model):
+def _no_worse_than_plain(view, plan, model, static_bytes):
     """``plan``, or plain backprop when the simulator predicts ``plan`` saves nothing:
     ome never raises memory by its own choice."""
     if plan.changes_nothing():
         return plan
-    plain = planner.with_predictions(view, select.keep_all(view), model)
+    plain = planner.with_predictions(view, select.keep_all(view), model, static_bytes)
     if plan.estimates["device_peak"] < plain.estimates["device_peak"]:
         return plan
     log.warning("checkpoints=%r: the predicted peak (%s) is no lower than plain backprop's "
@@ -323,6 +325,7 @@ def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None,
             "tf.cond, function calls) in its forward pass: use "
             "ome.gradients(..., return_info=True), which returns the plan it built")
     scope = ys[0].graph.unique_name("ome_gradients", False)
+    options.model = options.model.in_scope(scope)
     scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size,
                                   {"gate_gradients": False})
     with scratch.as_default():
@@ -377,6 +380,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
                        swap_ahead, cost_model)
     graph = ys[0].graph
     scope = graph.unique_name(name or "gradients", False)
+    options.model = options.model.in_scope(scope)
     # A copy of a tf.function graph loses captured variables' shapes (their handles become
     # plain placeholders), so there the plan is made on the graph itself.
     forward = capture_mod.upstream_ops(ys)

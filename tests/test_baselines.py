@@ -67,7 +67,7 @@ def test_registry():
         "grappler-recompute", "grappler-swap", "grappler-heuristics", "tf-recompute-grad",
         "ome", "ome-swap", "ome-budget"}
     assert baselines.required_options("ome-budget") == ["memory_budget"]
-    assert baselines.options_of("vanilla") == []
+    assert baselines.options_of("vanilla") == ["cost_model"]  # for predictions only
     assert "n_tensors" in baselines.options_of("lms")
     assert baselines.model_options("lms") == {}
     assert callable(baselines.model_options("tf-recompute-grad")["block_wrapper"])
@@ -81,7 +81,7 @@ def test_unknown_strategy_lists_them(graph):
 
 
 @pytest.mark.parametrize("name, option, accepted", [
-    ("vanilla", "lb", "takes no options"),
+    ("vanilla", "lb", "it takes cost_model"),
     ("openai", "swap", "checkpoints"),
     ("lms", "checkpoints", "n_tensors"),
     ("grappler-swap", "memory_budget", "takes no options"),

@@ -17,7 +17,7 @@ import benchmark
 from benchmark_lib import catalog, cli, config, plots, progress, protocol, report, resume, runner
 from benchmark_lib.bisect import largest_fitting
 from benchmark_lib.config import ConfigError, RunKey
-from benchmark_lib.modes import all_modes, max_batch, simulator_check
+from benchmark_lib.modes import all_modes, frontier, max_batch, simulator_check
 from benchmark_lib.pool import Pool, WorkerFailed
 from benchmark_lib.storage import COLUMNS, MaxBatchResult, ResultsFolder, Row
 from benchmark_lib.units import parse_bytes
@@ -457,9 +457,46 @@ def test_inconsistent_arguments(capsys, tmp_path, monkeypatch, argv, fragment):
     assert not os.listdir(tmp_path)
 
 
-def test_simulator_check_needs_a_sweep_in_out(capsys, tmp_path):
-    err = _cli_error(capsys, ["--simulator-check", "--out", str(tmp_path)])
-    assert "results.csv not found: run `python benchmark.py --out" in err
+def test_simulator_check_judges_each_prediction_against_the_measured_peak():
+    rows = [_row("vanilla", peak=200 * MiB, predicted_peak_bytes=196 * MiB),
+            _row("ome", peak=100 * MiB, predicted_peak_bytes=120 * MiB),
+            _row("ome-swap", peak=100 * MiB, predicted_peak_bytes=103 * MiB, swapped_count=2),
+            _row("grappler-swap", peak=150 * MiB),
+            _row("lms", status="oom", reason="too big")]
+    lines, misses = simulator_check.comparison(rows)
+    assert lines[1].split()[-1] == "-2.0%" and lines[2].split()[-1] == "+20.0%"
+    assert "+3.0% (swaps: measured is a lower bound)" in lines[3]
+    assert lines[4].endswith("no plan") and lines[5].endswith("oom")
+    assert [r.strategy for r in misses] == ["ome"]
+    assert lines[-1] == "2 of 3 predictions within 5% of the measured device peak"
+
+
+def test_frontier_table_and_plot_put_predictions_beside_measurements(tmp_path):
+    plain = _row("vanilla", peak=400 * MiB, time_s=1.0, predicted_peak_bytes=390 * MiB,
+                 predicted_added_s=0.0)
+    points = [frontier.Point(plain), frontier.Point(_row("openai", peak=300 * MiB, time_s=1.3)),
+              frontier.Point(_row("ome-budget", peak=280 * MiB, time_s=1.1,
+                                  predicted_peak_bytes=270 * MiB, predicted_added_s=0.08), 0.7),
+              frontier.Point(_row("ome-budget", status="oom", reason="cannot fit"), 0.55)]
+    lines = frontier.table(points, plain)
+    assert lines[2].startswith("| vanilla |  | ok | 400 | 1.00 | 390 | 1.000 | 1.00 | +0.000 |")
+    assert lines[4] == ("| budget 0.70 | 280 | ok | 280 | 0.70 | 270 | 1.100 | 1.10 | +0.100 | "
+                        "+0.080 |")
+    assert lines[5].startswith("| budget 0.55 | 220 | oom: cannot fit |")
+    frontier.plot(points, str(tmp_path / "f.png"), "test")
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--frontier", "--models", "resnet18,resnet50"], "--frontier takes one model"),
+    (["--frontier", "--budget", "1GiB"], "--budget does not apply to --frontier"),
+    (["--frontier", "--strategies", "ome"], "--frontier needs vanilla"),
+    (["--frontier", "--jobs", "2"], "--jobs does not apply to --frontier"),
+])
+def test_frontier_refusals(capsys, tmp_path, monkeypatch, argv, fragment):
+    monkeypatch.chdir(tmp_path)
+    assert fragment in _cli_error(capsys, argv)
+    assert not os.listdir(tmp_path)
 
 
 def _parse(argv):
@@ -488,7 +525,7 @@ def test_every_mode_has_a_flag_or_is_the_default():
     modes = all_modes()
     assert modes[0].name == "sweep" and modes[0].flag is None
     assert {m.flag for m in modes[1:]} == {"--max-batch", "--rewrite-timing", "--simulator-check",
-                                         "--pipeline"}
+                                         "--frontier", "--pipeline"}
     assert all(m.options <= {a.dest for a in cli.make_parser(modes)._actions} for m in modes)
 
 
@@ -656,14 +693,15 @@ def test_end_to_end_run_then_refused_then_resumed(tmp_path):
         assert list(csv.DictReader(f)) == rows
 
 
-@pytest.mark.slow
-def test_simulator_check_compares_with_a_sweep(tmp_path):
-    folder = ResultsFolder(str(tmp_path))
-    folder.save(meta={"date": "d", "settings": {"format": config.RESULTS_FORMAT}},
-                rows=[_row("ome", model="resnet18", batch=2, image=32, cost=4 * MiB)], details={})
-    args = argparse.Namespace(out=str(tmp_path))
-    lines = []
-    simulator_check.run(simulator_check.prepare(args), say=lines.append)
-    model, batch, size, predicted, measured, error = lines[1].split()
-    assert (model, batch, size, measured) == ("resnet18", "2", "32", "4.0")
-    assert float(predicted) > 0 and error.endswith("%")
+def test_a_profiled_run_carries_the_plans_prediction():
+    """``--simulator-check`` and ``--frontier`` runs: the worker profiles the plain step and
+    the strategy plans with it; the simulated peak lands near the measured one."""
+    spec = protocol.RunSpec("resnet18", "ome", 4, 32, steps=1, warmup=1, profile=True)
+    with Pool(1) as pool:
+        result = pool.call(spec, timeout=300)
+    row = Row.from_dict(result["row"])
+    assert row.ok and row.checkpoint_count > 0, row
+    assert "CostModel(profiled" in result["details"]["cost_model"]
+    print(row.predicted_peak_bytes / MiB, row.device_peak_bytes / MiB)
+    assert abs(row.predicted_peak_bytes - row.device_peak_bytes) <= 0.05 * row.device_peak_bytes
+    assert row.predicted_added_s > 0

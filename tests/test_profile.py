@@ -42,6 +42,23 @@ def test_planning_reads_the_profile(graph):
     assert heavy_plan.estimates["device_peak"] >= 40 * MiB > light.estimates["device_peak"]
 
 
+def test_a_backward_pass_under_another_name_finds_its_scratch(graph):
+    """The profile keys backward ops under ``gradients/``; ``ome.gradients(name=...)`` and
+    ``ome.plan`` build theirs under other scopes and must still see the scratch."""
+    case = graphs.tanh_chain()
+    tf.gradients(case.ys, case.xs)  # the profiled graph's backward ops, for their names
+    heavy = ome.CostModel(temporaries={op.name: 40 * MiB for op in graph.get_operations()
+                                       if op.type == "TanhGrad"}, resident_bytes=0)
+    assert heavy.temporaries and all(k.startswith("gradients/") for k in heavy.temporaries)
+    assert ome.CostModel.from_json(heavy.in_scope("x").to_json()).backward_scope == "x"
+    plain = ome.plan(case.ys, case.xs, checkpoints="none", cost_model=heavy)
+    unprofiled = ome.plan(case.ys, case.xs, checkpoints="none")
+    assert plain.estimates["device_peak"] >= unprofiled.estimates["device_peak"] + 40 * MiB
+    _, (built, _) = ome.gradients(case.ys, case.xs, checkpoints="none", cost_model=heavy,
+                                  name="elsewhere", return_info=True)
+    assert built.estimates["device_peak"] == plain.estimates["device_peak"]
+
+
 def test_bad_cost_model_and_steps_are_refused(graph):
     case = graphs.tanh_chain(layers=3)
     with pytest.raises(errors.InvalidTypeError, match="cost_model must be an ome.CostModel"):

@@ -19,6 +19,7 @@ MODULES = (
     "benchmark_lib.modes.max_batch",
     "benchmark_lib.modes.rewrite_timing",
     "benchmark_lib.modes.simulator_check",
+    "benchmark_lib.modes.frontier",
     "benchmark_lib.modes.pipeline",
 )
 

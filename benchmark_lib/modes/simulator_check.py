@@ -1,65 +1,67 @@
-"""``--simulator-check``: how well ``ome.simulate`` predicts. The predicted activation peak
-of ome's default plan against the ``memory_cost`` the sweep in ``--out`` measured for the
-``ome`` strategy, run after ``python benchmark.py``."""
-from benchmark_lib.config import PRESETS, RESULTS_FORMAT, ConfigError
-from benchmark_lib.modes import Mode
-from benchmark_lib.storage import FolderError, ResultsFolder
+"""``--simulator-check``: is what ome plans what TensorFlow runs?
+
+Every run profiles the plain step first (``ome.profile``: op times, kernel scratch memory,
+what stays allocated between steps), then builds its strategy's plan with that cost model,
+records the plan's simulated device peak and measures the real one. The table puts the two
+side by side for every model and every strategy that builds an ome Plan (plain backprop is
+simulated as ome's ``checkpoints="none"`` plan, which is what ``tf.gradients`` builds).
+Defaults: every model of the zoo at a small size (batch 8, 64x64; InceptionV4 at its
+minimum 75x75); results in ``results/simulator-check/``.
+"""
+from benchmark_lib import catalog, resume
+from benchmark_lib.config import from_args
+from benchmark_lib.modes import MEASURING_OPTIONS, Mode, sweep
+from benchmark_lib.storage import ResultsFolder
 from benchmark_lib.units import MiB
+
+#: Strategies whose gradients follow an ome Plan, so the simulator can replay them.
+PLANNED = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-swap")
+#: The largest relative error of a prediction the check accepts.
+TOLERANCE = 0.05
+OUT = "results/simulator-check"
 
 
 def prepare(args):
-    """The sweep's ok ``ome`` rows in ``--out``; a clear error when there are none."""
-    folder = ResultsFolder(args.out or PRESETS["quick"].out)
-    try:
-        stored = folder.load()
-    except FolderError as exc:
-        raise ConfigError(str(exc)) from None
-    if stored is None:
-        raise ConfigError(f"{folder.csv_path} not found: run `python benchmark.py --out "
-                          f"{folder.path}` first")
-    if stored.settings.get("format") != RESULTS_FORMAT:
-        raise ConfigError(f"{folder} was written by an older benchmark (format "
-                          f"{stored.settings.get('format')!r}, now {RESULTS_FORMAT}): run the "
-                          f"sweep again, into another --out or with --overwrite")
-    rows = [r for r in stored.rows if r.strategy == "ome" and r.ok]
-    if not rows:
-        raise ConfigError(f"{folder.csv_path} has no successful 'ome' row to compare with")
-    return rows
+    config = from_args(args, "simulator-check", out=OUT, batch_sizes=(8,), models=tuple(catalog.MODELS),
+                       strategies=PLANNED, image_size=64, profile=True)
+    return resume.plan(config, set(config.runs()).__contains__)
 
 
-def predicted_peak(model, batch_size, image_size):
-    """Bytes ``ome.simulate`` predicts for ome's default plan of ``model``'s training step."""
-    import tensorflow as tf
-    import models
-    import ome
-    from ome import select, simulate
-
-    predicted = {}
-
-    def gradients(ys, xs):
-        view = ome.capture_view(ys, xs)
-        predicted["peak"] = simulate.simulate(view, select.auto(view)).device_peak
-        return tf.gradients(ys, xs)
-
-    with tf.Graph().as_default():
-        models.build_train_step(model, batch_size, image_size, gradients=gradients)
-    return predicted["peak"]
+def run(plan):
+    code = sweep.run(plan)
+    rows = [r for r in ResultsFolder(plan.config.out).load().rows
+            if r.key in set(plan.config.runs())]
+    lines, misses = comparison(rows)
+    print("\n".join(lines))
+    return code or (1 if misses else 0)
 
 
-def run(rows, say=print):
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    say(f"{'model':<14} {'batch':>5} {'image':>5} {'predicted MiB':>14} {'measured MiB':>13} "
-        f"{'error':>7}")
+def comparison(rows):
+    """The table of predicted against measured device peaks, and the rows outside
+    :data:`TOLERANCE` (runs without a prediction are listed, not judged)."""
+    lines = [f"{'model':<13} {'strategy':<13} {'batch':>5} {'predicted MiB':>13} "
+             f"{'measured MiB':>12} {'error':>7}"]
+    misses, judged = [], 0
     for row in rows:
-        predicted = predicted_peak(row.model, row.batch_size, row.image_size)
-        measured = row.memory_cost_bytes
-        say(f"{row.model:<14} {row.batch_size:>5} {row.image_size:>5} {predicted / MiB:>14.1f} "
-            f"{measured / MiB:>13.1f} {(predicted - measured) / measured:>+7.0%}")
-    return 0
+        if not row.ok or row.predicted_peak_bytes is None:
+            lines.append(f"{row.model:<13} {row.strategy:<13} {row.batch_size:>5} "
+                         f"{'-':>13} {'-':>12}   {row.status if not row.ok else 'no plan'}")
+            continue
+        error = (row.predicted_peak_bytes - row.device_peak_bytes) / row.device_peak_bytes
+        judged += 1
+        swapped = " (swaps: measured is a lower bound)" if row.swapped_count else ""
+        lines.append(f"{row.model:<13} {row.strategy:<13} {row.batch_size:>5} "
+                     f"{row.predicted_peak_bytes / MiB:>13.1f} "
+                     f"{row.device_peak_bytes / MiB:>12.1f} {error:>+7.1%}{swapped}")
+        if abs(error) > TOLERANCE:
+            misses.append(row)
+    lines.append(f"{judged - len(misses)} of {judged} predictions within "
+                 f"{TOLERANCE:.0%} of the measured device peak")
+    return lines, misses
 
 
 MODE = Mode(name="simulator-check", flag="--simulator-check",
-            help="compare ome.simulate's predicted activation peak with the memory_cost "
-                 "measured for 'ome' by the sweep in --out",
-            options=frozenset({"out"}), prepare=prepare, run=run)
+            help="profile each model's plain step, then compare the simulated device peak "
+                 "of every planned strategy with the measured one (writes "
+                 "results/simulator-check/)",
+            options=MEASURING_OPTIONS | {"jobs"}, prepare=prepare, run=run)

@@ -1,0 +1,187 @@
+"""``--frontier``: ome's optimal plans across memory budgets, against every baseline.
+
+One model (default ResNet-50 at the sweep's batch 16, 112x112). Every run profiles the
+plain step first and plans with the measured costs. The baselines run once each; then
+``ome-budget`` (the optimal planner) runs at budgets that are fractions of plain backprop's
+measured device peak. Each row holds the plan's predicted device peak and added seconds
+beside the measured ones, so the frontier also shows how well the planner predicts.
+Writes ``frontier.csv``, ``frontier.md`` and ``frontier.png`` into ``--out``
+(default ``results/frontier/``); always measures afresh.
+"""
+import csv
+import dataclasses
+import os
+import time
+
+from benchmark_lib import plots
+from benchmark_lib.config import ConfigError, RunKey, from_args
+from benchmark_lib.environment import machine_info, now
+from benchmark_lib.modes import Mode
+from benchmark_lib.pool import Pool, WorkerFailed
+from benchmark_lib.progress import Console
+from benchmark_lib.runner import describe
+from benchmark_lib.storage import COLUMNS, Row
+from benchmark_lib.units import MiB, format_duration
+
+#: Strategies measured once each, as points beside the frontier.
+BASELINES = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-swap")
+#: Budgets, as fractions of plain backprop's measured device peak.
+FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+OUT = "results/frontier"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One measured run: its row, and the budget fraction it was planned for (or None)."""
+
+    row: Row
+    fraction: float = None
+
+    @property
+    def label(self):
+        return self.row.strategy if self.fraction is None else f"budget {self.fraction:.2f}"
+
+
+def prepare(args):
+    named = list(args.models or []) + ([args.model] if args.model else [])
+    if len(named) > 1 or "all" in named:
+        raise ConfigError("--frontier takes one model: --model NAME (default resnet50)")
+    if args.batch_size and len(args.batch_size) > 1:
+        raise ConfigError("--frontier takes one --batch-size")
+    config = from_args(args, "frontier", out=OUT, jobs=1, models=("resnet50",),
+                       strategies=BASELINES, profile=True)
+    if "vanilla" not in config.strategies:
+        raise ConfigError("--frontier needs vanilla among --strategies: budgets are "
+                          "fractions of its peak")
+    return config
+
+
+def run(config):
+    console = Console()
+    for note in config.notes:
+        console.say(f"note: {note}")
+    model, batch = config.models[0], config.batch_sizes[0]
+    total = len(config.strategies) + len(FRACTIONS)
+    console.say(f"frontier of {model}, batch {batch}, image {config.image_sizes[model]}: "
+                f"{len(config.strategies)} strategies, then ome-budget at {len(FRACTIONS)} "
+                f"budgets; each run profiles the plain step first")
+    began = time.monotonic()
+    points = []
+    with Pool(1) as pool:
+        def measure(spec, fraction=None):
+            start = time.monotonic()
+            try:
+                row = Row.from_dict(pool.call(spec, timeout=config.timeout)["row"])
+            except WorkerFailed as exc:
+                row = Row(model=model, strategy=spec.strategy, batch_size=batch,
+                          image_size=spec.image_size, status="error", reason=str(exc))
+            points.append(Point(row, fraction))
+            console.say(f"[{len(points)}/{total}] {points[-1].label}: {describe(row)} "
+                        f"(run {format_duration(time.monotonic() - start)})")
+            return row
+
+        for strategy in config.strategies:
+            measure(config.spec(RunKey(model, strategy, batch)))
+        plain = next(p.row for p in points if p.row.strategy == "vanilla")
+        if not plain.ok:
+            raise ConfigError(f"plain backprop failed, so there is no peak to take budgets "
+                              f"from: {plain.reason}")
+        for fraction in FRACTIONS:
+            spec = dataclasses.replace(config.spec(RunKey(model, "ome-budget", batch)),
+                                       budget=int(fraction * plain.device_peak_bytes))
+            measure(spec, fraction)
+    os.makedirs(config.out, exist_ok=True)
+    lines = table(points, plain)
+    _write(config, points, lines)
+    print("\n".join(lines))
+    console.say(f"done in {format_duration(time.monotonic() - began)}; wrote frontier.csv, "
+                f"frontier.md and frontier.png into {config.out}")
+    return 0
+
+
+def table(points, plain):
+    """The Markdown table: per run its budget, measured and predicted peak and time."""
+    lines = ["| run | budget MiB | status | device peak MiB | ×plain | predicted peak MiB | "
+             "step s | ×plain | added s | predicted added s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for point in points:
+        row = point.row
+        budget = "" if point.fraction is None else \
+            f"{point.fraction * plain.device_peak_bytes / MiB:.0f}"
+        if not row.ok:
+            lines.append(f"| {point.label} | {budget} | {row.status}: "
+                         f"{(row.reason or '')[:120]} | | | | | | | |")
+            continue
+        lines.append(
+            f"| {point.label} | {budget} | ok | {row.device_peak_bytes / MiB:.0f} | "
+            f"{row.device_peak_bytes / plain.device_peak_bytes:.2f} | "
+            f"{_mib(row.predicted_peak_bytes)} | {row.step_time_s:.3f} | "
+            f"{row.step_time_s / plain.step_time_s:.2f} | "
+            f"{row.step_time_s - plain.step_time_s:+.3f} | "
+            f"{_seconds(row.predicted_added_s)} |")
+    return lines
+
+
+def _mib(value):
+    return "-" if value is None else f"{value / MiB:.0f}"
+
+
+def _seconds(value):
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def _write(config, points, lines):
+    with open(os.path.join(config.out, "frontier.csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(("budget_fraction",) + COLUMNS)
+        for p in points:
+            writer.writerow(("" if p.fraction is None else p.fraction,) + tuple(
+                "" if v is None else v for v in dataclasses.astuple(p.row)))
+    model = config.models[0]
+    header = (f"# Frontier: {model}, batch {config.batch_sizes[0]}, image "
+              f"{config.image_sizes[model]}x{config.image_sizes[model]}\n\n"
+              f"Measured {now()} on {machine_info()}; step times are medians of "
+              f"{config.steps} steps. `added s`: step time minus plain backprop's; "
+              f"`predicted`: the plan's own estimates from the profile.\n\n")
+    with open(os.path.join(config.out, "frontier.md"), "w") as f:
+        f.write(header + "\n".join(lines) + "\n")
+    plot(points, os.path.join(config.out, "frontier.png"),
+         f"{model}, batch {config.batch_sizes[0]}, "
+         f"{config.image_sizes[model]}x{config.image_sizes[model]}")
+
+
+def plot(points, path, title):
+    """Step time against device peak: ome-budget's frontier as a line, baselines as
+    points, both relative to plain backprop."""
+    plt = plots._pyplot()
+    plain = next(p.row for p in points if p.row.strategy == "vanilla")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    frontier = sorted((p.row.device_peak_bytes / plain.device_peak_bytes,
+                       p.row.step_time_s / plain.step_time_s)
+                      for p in points if p.fraction is not None and p.row.ok)
+    if frontier:
+        ax.plot(*zip(*frontier), "-o", color="C0", label="ome-budget (optimal plan per budget)")
+    style_of = plots.styles(list(dict.fromkeys(p.row.strategy for p in points
+                                               if p.fraction is None)))
+    for p in points:
+        if p.fraction is None and p.row.ok:
+            style = dict(style_of[p.row.strategy], linestyle="none", markersize=8)
+            ax.plot(p.row.device_peak_bytes / plain.device_peak_bytes,
+                    p.row.step_time_s / plain.step_time_s, **style)
+    ax.set_xlabel("device peak / plain backprop's (measured)")
+    ax.set_ylabel("step time / plain backprop's (median)")
+    ax.set_title(f"Memory-time frontier: {title}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+MODE = Mode(name="frontier", flag="--frontier",
+            help="one model (default resnet50): every planned strategy, then ome-budget at "
+                 "budgets from 0.55 to 0.95 of plain backprop's peak, measured and predicted "
+                 "(writes results/frontier/)",
+            options=frozenset({"models", "model", "strategies", "batch_size", "image_size",
+                               "steps", "warmup", "out", "timeout"}),
+            prepare=prepare, run=run)
