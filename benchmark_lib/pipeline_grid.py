@@ -4,25 +4,38 @@
 
 Reproduces, on this CPU, the grid of a published GPipe experiment log (a GPT-2 variant of
 89,762,304 parameters, batch 64, K in {1, 2, 4}, M up to 64, on GPUs; see
-docs/PIPELINE.md). The model is scaled down to fit two CPU cores in minutes (default: 4
-blocks, hidden 256, 4 heads, sequence 64, vocabulary 2048: 3.7M parameters; batch 8 and
-M up to 8, so the last column has micro-batches of one sample, as the published M = 64 of
-batch 64 does), so absolute figures differ; the ratios between configurations are what
-compare. Graph building grows with M x layers: ``--batch 16 --micro-batches 1 2 4 8 16``
-takes about twice as long.
+docs/PIPELINE.md): K in {1, 2, 4} x M in {1, 2, 4, 8, 16, 32} x checkpointing off/on, 36
+configurations in 14 minutes on two cores (measured 2026-11-23). The model is scaled down
+so that the grid fits (default: 3 blocks, hidden 128, 4 heads, sequence 32, vocabulary
+512, 1,024 positions as GPT-2 has: 791,680 parameters; batch 32, so at M = 32 each
+micro-batch is one sample, as at the published M = 64 of batch 64). Graph building and
+Grappler grow with M x layers, which is what bounds the model: a configuration at M = 32
+takes 50 to 90 s, the six of them half of the grid. Absolute figures differ from the
+log's; the ratios between configurations are what compare.
+
+The stages are balanced by parameters (``--balance``): the embedding table holds as many
+parameters as one block (vocabulary + positions = 12 x hidden), so the five layers
+(embeddings, 3 blocks, head) split into stages of equal parameter memory at K = 2 and 4,
+as the published log's 0.37 -> 0.20 -> 0.10 GiB per device do. Balancing by compute would
+put the embeddings with the first block and the head (whose logits use the tied table,
+held by stage 0) alone on the last device, which then holds almost no parameters.
 
 Each configuration is built and measured in this process, one after the other (nothing
-else is measured meanwhile): one warm-up step, then ``--steps`` timed training steps and
-as many timed forward-only steps (medians), and one traced step that splits memory per
-device (:func:`ome.pipeline.measure_pipeline`). The K logical CPU devices must exist before
-TensorFlow initialises, so this module configures them itself before importing it: run it
-as its own process.
+else is measured meanwhile): one warm-up step, then ``--steps`` (10) timed training steps
+and as many timed forward-only steps (medians; every step time is in the CSV), and one
+traced step that splits memory per device (:func:`ome.pipeline.measure_pipeline`). The K
+logical CPU devices must exist before TensorFlow initialises, so this module configures
+them itself before importing it: run it as its own process. Progress goes to stderr, two
+lines per configuration; at the end the issue's claims are checked on the measured rows
+(:func:`claims`) and printed.
 
-Writes ``pipeline.csv``, ``pipeline.json``, ``pipeline.md`` (measured beside published)
-and two plots, ``peak_activation_vs_m.png`` and ``throughput_vs_m.png``, into ``--out``.
+Writes ``pipeline.csv``, ``pipeline.json``, ``pipeline.md`` (measured beside published, and
+the claims) and two plots, ``pipeline_peak_activation_vs_m.png`` and
+``pipeline_throughput_vs_m.png``, into ``--out``.
 """
 import argparse
 import csv
+import dataclasses
 import gc
 import json
 import os
@@ -32,7 +45,7 @@ import time
 from benchmark_lib import environment
 from benchmark_lib.units import MiB
 
-__all__ = ["PUBLISHED", "main"]
+__all__ = ["PUBLISHED", "Claim", "claims", "main", "markdown", "plot"]
 
 GiB = 2**30
 
@@ -85,10 +98,19 @@ PUBLISHED = {
     (4, 64, "on"): (1.42, 2.42, 0.536, 0.599, 56.372, (542, 526, 526, 884)),
 }
 
-_COLUMNS = ("K", "M", "checkpoint", "batch", "parameter_bytes", "parameter_bytes_device0",
-            "peak_activation_bytes", "total_bytes", "forward_s", "backward_s", "step_s",
-            "samples_per_s", "max_per_device_bytes", "allocator_peak_bytes", "copied_ops",
-            "build_s")
+_COLUMNS = ("K", "M", "checkpoint", "batch", "balance", "parameter_bytes",
+            "parameter_bytes_device0", "parameter_per_device_bytes", "peak_activation_bytes",
+            "total_bytes", "forward_s", "backward_s", "step_s", "samples_per_s",
+            "max_per_device_bytes", "allocator_peak_bytes", "copied_ops", "build_s",
+            "step_times_s", "forward_times_s")
+
+#: The issue's thresholds: checkpointed peak activation at the largest M at most this
+#: fraction of the K=1, M=1, off figure; off within this relative band of it; each device's
+#: parameter share within this relative band of 1/K; the whole grid within this many seconds.
+MAX_CHECKPOINTED_RATIO = 0.45
+OFF_BAND = 0.15
+PARAMETER_BAND = 0.10
+TIME_BUDGET_S = 20 * 60
 
 
 def _parse(argv):
@@ -97,17 +119,23 @@ def _parse(argv):
         description="GPipe grid (K x M x checkpointing) on a small GPT, per-device memory.")
     parser.add_argument("--out", default="results/pipeline", help="output folder")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 4], metavar="K")
-    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8],
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
                         metavar="M")
     parser.add_argument("--checkpoint", nargs="+", choices=("off", "on"),
                         default=["off", "on"])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--layers", type=int, default=4, help="GPT blocks")
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=3, help="GPT blocks")
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--sequence", type=int, default=64)
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (median), >= 1")
+    parser.add_argument("--sequence", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--positions", type=int, default=1024,
+                        help="rows of the position table (at least --sequence)")
+    parser.add_argument("--balance", choices=("cost", "memory", "parameters"),
+                        default="parameters",
+                        help="what the automatic partition balances (default: parameters)")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="timed steps per configuration (medians; default 10)")
     args = parser.parse_args(argv)
     bad = [m for m in args.micro_batches if m < 1 or args.batch % m]
     if bad:
@@ -117,6 +145,9 @@ def _parse(argv):
     if max(args.stages) > args.layers + 2:
         parser.error(f"K={max(args.stages)} exceeds the {args.layers + 2} layers "
                      "(embeddings, blocks, head)")
+    if args.positions < args.sequence:
+        parser.error(f"--positions {args.positions} must be at least --sequence "
+                     f"{args.sequence}")
     return args
 
 
@@ -133,7 +164,8 @@ def _setup_tensorflow(devices):
 
 
 def _measure_one(tf, pipeline, config, args, stages, micro_batches, checkpoint):
-    """Build and measure one configuration in a fresh graph; ``(measurement, build s)``."""
+    """Build and measure one configuration in a fresh graph;
+    ``(measurement, build s, partition)``."""
     from models import gpt
     from ome.host import session_config
 
@@ -146,7 +178,7 @@ def _measure_one(tf, pipeline, config, args, stages, micro_batches, checkpoint):
         start = time.perf_counter()
         step = pipeline.build_pipeline(
             pipeline.gpt_layers(config), pipeline.gpt_loss(config), t, y, stages=stages,
-            micro_batches=micro_batches, checkpoint=checkpoint,
+            micro_batches=micro_batches, checkpoint=checkpoint, balance_by=args.balance,
             optimizer=tf.compat.v1.train.MomentumOptimizer(0.01, 0.9))
         built = time.perf_counter() - start
         session_conf = session_config(tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2))
@@ -157,10 +189,101 @@ def _measure_one(tf, pipeline, config, args, stages, micro_batches, checkpoint):
     return result, built, step.partition
 
 
-def _row(result, built):
+def _row(result, built, balance):
     row = result.row()
     row["build_s"] = built
+    row["balance"] = balance
+    # every timed step, so that the spread behind each median shows
+    row["step_times_s"] = " / ".join(f"{t:.4f}" for t in result.step_times)
+    row["forward_times_s"] = " / ".join(f"{t:.4f}" for t in result.forward_times)
     return row
+
+
+# ---------------------------------------------------------------------------------------
+# Claims
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One of the issue's claims checked on measured rows."""
+
+    text: str
+    passed: bool
+    detail: str
+
+    def __str__(self):
+        return f"{'PASS' if self.passed else 'FAIL'} {self.text}: {self.detail}"
+
+
+def _bytes_list(text):
+    """``"1 / 2 / 3"`` (a CSV cell) -> ``[1, 2, 3]``."""
+    return [int(b) for b in str(text).split(" / ")]
+
+
+def _series(rows, k, flag):
+    """``[(M, row), ...]`` of one (K, checkpoint), by M."""
+    return sorted(((r["M"], r) for r in rows if (r["K"], r["checkpoint"]) == (k, flag)),
+                  key=lambda item: item[0])
+
+
+def claims(rows, elapsed_s=None):
+    """The issue's must-show claims on measured ``rows`` (dicts as :meth:`row` gives):
+    a list of :class:`Claim`. A claim whose rows are missing is reported as failed."""
+    found = []
+    ref = {(r["K"], r["M"], r["checkpoint"]): r for r in rows}.get((1, 1, "off"))
+
+    def ratio(row):
+        return row["peak_activation_bytes"] / ref["peak_activation_bytes"]
+
+    on, off = _series(rows, 1, "on"), _series(rows, 1, "off")
+    if ref and len(on) > 1:
+        ratios = [ratio(r) for _, r in on]
+        text = ", ".join(f"M={m} {x:.2f}" for (m, _), x in zip(on, ratios))
+        found.append(Claim("with checkpointing, K=1 peak activation falls monotonically "
+                           "with M", all(b < a for a, b in zip(ratios, ratios[1:])),
+                           f"over K=1 M=1 off: {text}"))
+        found.append(Claim(f"at the largest M it is at most {MAX_CHECKPOINTED_RATIO} of K=1 "
+                           "M=1 off", ratios[-1] <= MAX_CHECKPOINTED_RATIO,
+                           f"{ratios[-1]:.3f} at M={on[-1][0]}"))
+    else:
+        found.append(Claim("with checkpointing, K=1 peak activation falls with M", False,
+                           "needs K=1 rows with checkpointing off at M=1 and on at 2+ M"))
+    if ref and off:
+        ratios = [ratio(r) for _, r in off]
+        found.append(Claim(f"without checkpointing, K=1 peak activation within "
+                           f"{OFF_BAND:.0%} of M=1", all(abs(x - 1) <= OFF_BAND for x in ratios),
+                           ", ".join(f"M={m} {x:.2f}" for (m, _), x in zip(off, ratios))))
+    ks = sorted({r["K"] for r in rows})
+    by_key = {(r["K"], r["M"], r["checkpoint"]): r for r in rows}
+    settings = sorted({(r["M"], r["checkpoint"]) for r in rows})
+    falling, worst = True, []
+    for m, flag in settings:
+        largest = [max(_bytes_list(by_key[(k, m, flag)]["max_per_device_bytes"]))
+                   if (k, m, flag) in by_key else None for k in ks]
+        if None in largest:
+            continue
+        ok = all(b < a for a, b in zip(largest, largest[1:]))
+        falling &= ok
+        if not ok:
+            worst.append(f"M={m} {flag}: " + " / ".join(f"{b / MiB:.1f}" for b in largest))
+    order = " > ".join(f"K={k}" for k in ks)
+    found.append(Claim(f"the largest device's memory falls as K grows ({order})",
+                       falling and len(ks) > 1,
+                       f"every (M, checkpoint) of {len(settings)}" if falling else
+                       "not at " + "; ".join(worst)))
+    shares = {}
+    for r in rows:
+        per_device = _bytes_list(r["parameter_per_device_bytes"])
+        shares.setdefault(r["K"], [b / sum(per_device) for b in per_device])
+    within = all(abs(x * k - 1) <= PARAMETER_BAND for k, xs in shares.items() for x in xs)
+    found.append(Claim(f"parameter memory per device within {PARAMETER_BAND:.0%} of 1/K",
+                       within, "; ".join(f"K={k}: " + " / ".join(f"{x:.3f}" for x in xs)
+                                         for k, xs in sorted(shares.items()))))
+    if elapsed_s is not None:
+        found.append(Claim(f"the grid runs in under {TIME_BUDGET_S // 60} minutes",
+                           elapsed_s < TIME_BUDGET_S, f"{elapsed_s / 60:.1f} min"))
+    return found
 
 
 def _published_ratio(key, reference):
@@ -175,7 +298,7 @@ def _fmt(value, digits=2):
 
 
 def markdown(rows, meta):
-    """The measured grid beside the published one, as Markdown."""
+    """The measured grid beside the published one, and the claims, as Markdown."""
     c = meta["config"]
     lines = [
         "# GPipe grid: measured (small GPT, CPU) beside published (GPT-2 variant, GPUs)", "",
@@ -184,15 +307,19 @@ def markdown(rows, meta):
         f"K logical CPU devices sharing one allocator; per-device memory from one traced "
         f"step's allocation records. Model: GPT with {c['layers']} blocks, hidden "
         f"{c['hidden']}, {c['heads']} heads, sequence {c['sequence']}, vocabulary "
-        f"{c['vocab']} ({meta['parameters']:,} parameters, the published model has "
-        f"89,762,304), batch {c['batch']}, momentum SGD, no dropout. Times: medians of "
-        f"{c['steps']} steps; backward = training step minus forward-only step.", "",
+        f"{c['vocab']}, {c.get('positions') or c['sequence']} positions "
+        f"({meta['parameters']:,} parameters, the published model has 89,762,304), batch "
+        f"{c['batch']}, momentum SGD, no dropout; stages balanced by "
+        f"{c.get('balance', 'cost')}. Times: medians of {c['steps']} steps; backward = "
+        f"training step minus forward-only step."
+        + (f" Whole grid: {meta['elapsed_s'] / 60:.1f} min." if "elapsed_s" in meta else ""),
+        "",
         "Memory in MiB (published: GiB). Parameter memory: weights, gradient and momentum "
         "(12 B per parameter); max per device: what the device holds before the step plus "
         "the most its traced step allocates at once; total: their sum; peak activation: "
         "total minus parameter memory. `joint`: the shared allocator's peak over every "
         "device, which also counts the tensors the executor keeps between steps besides "
-        "the variables (constants; about 20 MiB here). `act/ref`: peak activation over "
+        "the variables (constants). `act/ref`: peak activation over "
         "the K=1, M=1, checkpointing-off row of the same table. Published figures: the "
         "log's self-written pipeline.", "",
         "| K | M | ckpt | params MiB (dev 0) | peak act. MiB | total MiB | joint MiB | fwd s | "
@@ -206,17 +333,19 @@ def markdown(rows, meta):
         published = PUBLISHED.get(key)
         ratio = (r["peak_activation_bytes"] / reference["peak_activation_bytes"]
                  if reference else None)
-        per_device = " / ".join(f"{int(b) / MiB:.1f}"
-                                for b in str(r["max_per_device_bytes"]).split(" / "))
+        per_device = " / ".join(f"{b / MiB:.1f}" for b in _bytes_list(r["max_per_device_bytes"]))
         lines.append(
             f"| {r['K']} | {r['M']} | {r['checkpoint']} | {r['parameter_bytes'] / MiB:.1f} "
             f"({r['parameter_bytes_device0'] / MiB:.1f}) | "
             f"{r['peak_activation_bytes'] / MiB:.1f} | {r['total_bytes'] / MiB:.1f} | "
-            f"{r['allocator_peak_bytes'] / MiB:.1f} | {r['forward_s']:.3f} | {r['backward_s']:.3f} | {r['samples_per_s']:.1f} | "
+            f"{r['allocator_peak_bytes'] / MiB:.1f} | {r['forward_s']:.3f} | "
+            f"{r['backward_s']:.3f} | {r['samples_per_s']:.1f} | "
             f"{per_device} | {r['copied_ops']} | {_fmt(ratio)} | "
             f"{_fmt(published[0] if published else None)} | "
             f"{_fmt(published[4] if published else None, 1)} | "
             f"{_fmt(_published_ratio(key, (1, 1, 'off')))} |")
+    lines += ["", "## Claims (checked on the rows above)", ""]
+    lines += [f"- {claim}" for claim in claims(rows, meta.get("elapsed_s"))]
     return "\n".join(lines) + "\n"
 
 
@@ -231,8 +360,9 @@ def plot(rows, out):
     paths = []
     for metric, label, published_index, scale, name in (
             ("peak_activation_bytes", "peak activation memory", 0, MiB,
-             "peak_activation_vs_m.png"),
-            ("samples_per_s", "throughput (samples/s)", 4, 1.0, "throughput_vs_m.png")):
+             "pipeline_peak_activation_vs_m.png"),
+            ("samples_per_s", "throughput (samples/s)", 4, 1.0,
+             "pipeline_throughput_vs_m.png")):
         figure, (mine, theirs) = plt.subplots(1, 2, figsize=(11, 4.4))
         for i, (k, flag) in enumerate(series):
             style = dict(color=f"C{i // 2 if len(series) > 1 else 0}", marker="o",
@@ -254,6 +384,7 @@ def plot(rows, out):
             axis.minorticks_off()  # log-scale minor ticks would be labelled 3x10^0, ...
             axis.set_xticklabels([str(t) for t in axis.get_xticks()])
             axis.grid(alpha=0.3)
+            axis.set_ylim(bottom=0)
         mine.legend(fontsize="small")
         figure.tight_layout()
         path = os.path.join(out, name)
@@ -275,13 +406,19 @@ def _write(rows, meta, out):
         f.write(markdown(rows, meta))
 
 
+def _weight(micro_batches):
+    """Rough relative cost of one configuration (graph size grows with M), for the ETA."""
+    return micro_batches + 2
+
+
 def main(argv=None):
+    started = time.perf_counter()
     args = _parse(argv)
     tf, pipeline = _setup_tensorflow(max(args.stages))
     from models import gpt
 
     config = gpt.GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                           vocab=args.vocab, positions=args.sequence, sequence=args.sequence,
+                           vocab=args.vocab, positions=args.positions, sequence=args.sequence,
                            dropout=0.0)
     meta = {"date": environment.now(), "tensorflow": tf.__version__,
             "machine": environment.machine_info(), "config": vars(args),
@@ -290,22 +427,36 @@ def main(argv=None):
             for m in args.micro_batches]
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     say(f"GPipe grid: {len(grid)} configurations, GPT of {meta['parameters']:,} parameters "
-        f"(scaled down from the published 89,762,304), batch {args.batch}")
-    rows, started, shown = [], time.perf_counter(), set()
+        f"(scaled down from the published 89,762,304), batch {args.batch}, stages balanced "
+        f"by {args.balance}")
+    rows, shown = [], set()
+    total_weight, done_weight = sum(_weight(m) for _, m, _ in grid), 0
+    first = time.perf_counter()
     for index, (k, m, flag) in enumerate(grid, 1):
+        say(f"[{index}/{len(grid)}] K={k} M={m} checkpoint={flag}: building and measuring")
         begun = time.perf_counter()
         result, built, partition = _measure_one(tf, pipeline, config, args, k, m, flag == "on")
         if k not in shown:
             say(partition.describe())
             shown.add(k)
-        rows.append(_row(result, built))
+        rows.append(_row(result, built, args.balance))
+        meta["elapsed_s"] = time.perf_counter() - started
         _write(rows, meta, args.out)  # keep the folder current if the run is stopped
         gc.collect()
+        done_weight += _weight(m)
+        elapsed = time.perf_counter() - started
+        left = (time.perf_counter() - first) * (total_weight - done_weight) / done_weight
         say(f"[{index}/{len(grid)}] {result} (build {built:.1f} s, run "
-            f"{time.perf_counter() - begun:.1f} s, elapsed {time.perf_counter() - started:.0f} s)")
+            f"{time.perf_counter() - begun:.1f} s, elapsed {elapsed:.0f} s, about "
+            f"{left:.0f} s left)")
     for path in plot(rows, args.out):
         say(f"wrote {path}")
-    say(f"wrote {os.path.join(args.out, 'pipeline.md')} (and .csv, .json)")
+    meta["elapsed_s"] = time.perf_counter() - started  # start-up to the plots
+    _write(rows, meta, args.out)
+    for claim in claims(rows, meta["elapsed_s"]):
+        say(str(claim))
+    say(f"wrote {os.path.join(args.out, 'pipeline.md')} (and .csv, .json); grid "
+        f"{meta['elapsed_s'] / 60:.1f} min")
     return 0
 
 

@@ -823,6 +823,8 @@ class PipelineMeasurement:
             "batch": self.batch_size,
             "parameter_bytes": self.parameter_bytes,
             "parameter_bytes_device0": self.devices[0].parameter_bytes,
+            "parameter_per_device_bytes": " / ".join(str(d.parameter_bytes)
+                                                     for d in self.devices),
             "peak_activation_bytes": self.activation_bytes,
             "total_bytes": self.total_bytes,
             "forward_s": self.forward_time, "backward_s": self.backward_time,

@@ -351,3 +351,91 @@ def test_resnet_layers_equal_the_zoo_resnet(graph):
         grads = session.run(step.grads, {x: images, y: labels})
     for grad, want in zip(grads, expected):
         assert_close(grad, want)
+
+
+# ---------------------------------------------------------------------------------------
+# The benchmark grid (benchmark_lib.pipeline_grid): its model's balance and its claims
+# ---------------------------------------------------------------------------------------
+
+
+def grid_config():
+    """The GPT the grid measures by default (``python benchmark.py --pipeline``)."""
+    from benchmark_lib import pipeline_grid
+
+    args = pipeline_grid._parse([])
+    return args, gpt.GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
+                               vocab=args.vocab, positions=args.positions,
+                               sequence=args.sequence, dropout=0.0)
+
+
+def test_grid_defaults_are_the_issues_grid():
+    args, _ = grid_config()
+    assert args.stages == [1, 2, 4] and args.micro_batches == [1, 2, 4, 8, 16, 32]
+    assert args.checkpoint == ["off", "on"] and args.steps >= 5
+    assert args.batch % 32 == 0 and args.balance == "parameters"
+
+
+def test_grid_model_splits_parameters_evenly_by_parameters_not_by_cost(graph):
+    """The grid's GPT: the embedding table holds as many parameters as a block, so
+    balancing by parameters gives each of K = 2 and 4 devices 1/K of them; balancing by
+    compute does not (K=2: 3/4 on device 0; K=4: the head alone on the last device, which
+    holds almost no parameters since the tied table lives on device 0)."""
+    args, config = grid_config()
+    t, y = placeholders(*gpt.synthetic_tokens(args.batch, config.sequence, config.vocab))
+    estimates = pipeline.estimate_layers(pipeline.gpt_layers(config), t, y,
+                                         pipeline.gpt_loss(config), micro_batch=1)
+    assert sum(e.parameters for e in estimates) == gpt.param_count(config)
+    for k in (2, 4):
+        devices = [f"/device:CPU:{i}" for i in range(k)]
+        params = pipeline.make_partition(estimates, devices, balance_by="parameters")
+        shares = np.array(params.stage_total("parameters")) / gpt.param_count(config)
+        np.testing.assert_allclose(shares, 1 / k, rtol=0.02)
+        by_cost = pipeline.make_partition(estimates, devices, balance_by="cost")
+        cost_shares = np.array(by_cost.stage_total("parameters")) / gpt.param_count(config)
+        assert np.max(np.abs(cost_shares * k - 1)) > 0.4, cost_shares
+    assert params.sizes == (1, 1, 1, 2)
+    assert by_cost.sizes == (2, 1, 1, 1) and cost_shares[-1] < 0.01  # the head alone
+
+
+def grid_row(k, m, flag, activation, per_device, params=(120,)):
+    """A measured row as the grid writes it (bytes); ``per_device``: max per device."""
+    return {"K": k, "M": m, "checkpoint": flag, "peak_activation_bytes": activation,
+            "max_per_device_bytes": " / ".join(str(b) for b in per_device),
+            "parameter_per_device_bytes": " / ".join(str(b) for b in params)}
+
+
+def grid_rows(on_activations, *, off=(100, 104, 98), params4=(30, 30, 30, 30)):
+    rows = []
+    for i, m in enumerate((1, 2, 4)):
+        rows.append(grid_row(1, m, "off", off[i], [300]))
+        rows.append(grid_row(1, m, "on", on_activations[i], [200]))
+        rows.append(grid_row(4, m, "off", 90, [80, 70, 70, 60], params4))
+        rows.append(grid_row(4, m, "on", 60, [50, 40, 40, 60], params4))
+    return rows
+
+
+def test_grid_claims_pass_on_rows_that_show_them():
+    from benchmark_lib import pipeline_grid
+
+    found = pipeline_grid.claims(grid_rows((90, 60, 40)), elapsed_s=600)
+    assert all(claim.passed for claim in found), [str(c) for c in found]
+    assert len(found) == 6
+    assert "M=4 0.40" in found[0].detail and found[1].detail == "0.400 at M=4"
+
+
+@pytest.mark.parametrize("rows,failing", [
+    (grid_rows((90, 30, 40)), "falls monotonically"),  # rises at the last M
+    (grid_rows((90, 60, 46)), "at most 0.45"),
+    (grid_rows((90, 60, 40), off=(100, 120, 98)), "within 15%"),
+    (grid_rows((90, 60, 40), params4=(60, 20, 20, 20)), "1/K"),
+    (grid_rows((90, 60, 40))[:-1] + [grid_row(4, 4, "on", 60, [50, 40, 40, 201],
+                                              (30, 30, 30, 30))], "largest device"),
+])
+def test_grid_claims_fail_on_rows_that_do_not_show_them(rows, failing):
+    from benchmark_lib import pipeline_grid
+
+    found = pipeline_grid.claims(rows, elapsed_s=1300)
+    failed = {claim.text for claim in found if not claim.passed}
+    assert any(failing in text for text in failed), failed
+    assert any("20 minutes" in text for text in failed)
+    assert len(failed) == 2

@@ -17,7 +17,8 @@ def run(out):
 
 
 MODE = Mode(name="pipeline", flag="--pipeline",
-            help="GPipe grid: K in {1,2,4} stages x M micro-batches x checkpointing off/on "
-                 f"on a small GPT (writes {DEFAULT_OUT}/; `python -m "
+            help="GPipe grid: K in {1,2,4} stages x M in {1,...,32} micro-batches x "
+                 "checkpointing off/on on a small GPT, about 14 min on 2 cores (writes "
+                 f"{DEFAULT_OUT}/; `python -m "
                  "benchmark_lib.pipeline_grid --help` for sizes)",
             options=frozenset({"out"}), prepare=prepare, run=run)
