@@ -125,7 +125,7 @@ def from_args(args, mode, *, out=None, batch_sizes=None, jobs=None, models=None,
     budget = _budget(args.budget)
     strategies = _strategies(args.strategies or strategies, budget)
     image_sizes, notes = _image_sizes(args.image_size or image_size or preset.image_size,
-                                      models, named)
+                                      models, named and args.image_size is not None)
     steps = args.steps or preset.steps
     if steps < TRUSTED_STEPS:
         notes.append(f"--steps {steps}: with fewer than {TRUSTED_STEPS} timed steps the spread "
