@@ -11,7 +11,10 @@ MLP of 30 ``Dense(1024, tanh)`` layers at batch 2048. For each, the training ste
 - ``remat-blocks`` (MLP only): the hidden layers grouped by five, each group's call under
   ``keras.remat`` (hand-written checkpointing);
 - ``ome``: ``ome.keras.wrap(model, **options)``, by default with no options
-  (``--ome-options '{"checkpoints": "memory"}'`` passes some).
+  (``--ome-options '{"checkpoints": "memory"}'`` passes some);
+- ``ome:keras-update``: the same, but with Keras's own ``apply_gradients`` (its gradient
+  all-reduce, and update ops not waiting for their gradient), as ``wrap`` did before it
+  scheduled the updates, to show what that costs.
 
 Each (model, variant) runs in a fresh process, one at a time. A callback resets
 TensorFlow's allocator statistics (``CPU:0``, BFC allocator) before each step and reads
@@ -21,7 +24,9 @@ of the timed steps after the warm-up ones. A variant that raises is recorded as 
 with the first line of its error.
 
 Run ``python -m benchmark_lib.keras_memory`` (about 15 minutes on 2 cores);
-``--models mlp --steps 5`` and ``--json results.json`` select and save.
+``--models mlp --steps 5`` and ``--json results.json`` select and save. ``--explain``
+also traces one step of each variant in a TF1 session and prints the buffers alive at its
+peak by kind (weight gradients, activations, checkpoints, ...; :mod:`benchmark_lib.keras_peak`).
 """
 import argparse
 import functools
@@ -42,7 +47,8 @@ __all__ = ["MODELS", "VARIANTS", "main"]
 
 MODELS = ("resnet50", "mlp")
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
-VARIANTS = ("plain", *(f"remat:{mode}" for mode in REMAT_MODES), "remat-blocks", "ome")
+VARIANTS = ("plain", *(f"remat:{mode}" for mode in REMAT_MODES), "remat-blocks", "ome",
+            "ome:keras-update")
 #: ome's goal against plain fit: transient memory ratio at most, step time ratio at most.
 TARGET = {"transient": 0.40, "step_time": 1.35}
 _MiB = float(1 << 20)
@@ -76,7 +82,8 @@ def _parse(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmark_lib.keras_memory",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS,
+                        default=[v for v in VARIANTS if v != "ome:keras-update"])
     parser.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--mlp-batch", type=int, default=2048)
@@ -85,6 +92,8 @@ def _parse(argv):
     parser.add_argument("--ome-options", type=json.loads, default={}, metavar="JSON",
                         help='options of ome.keras.wrap, e.g. \'{"checkpoints": "memory"}\'')
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--explain", action="store_true",
+                        help="also print what is alive at each variant's peak, by kind")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 5:
@@ -105,13 +114,16 @@ def _run_child(args, model, variant):
     """Measure one (model, variant) in a fresh process; its result dict."""
     spec = {"model": model, "variant": variant, "steps": args.steps, "warmup": args.warmup,
             "batch": args.mlp_batch if model == "mlp" else args.resnet_batch,
-            "size": args.resnet_size, "ome_options": args.ome_options}
+            "size": args.resnet_size, "ome_options": args.ome_options,
+            "explain": args.explain}
     command = [sys.executable, "-m", "benchmark_lib.keras_memory", "--child", json.dumps(spec)]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     row = {"model": model, "variant": variant, "batch": spec["batch"],
            "wall_seconds": round(time.perf_counter() - start, 1)}
     for line in done.stdout.splitlines():
+        if line.startswith("EXPLAIN "):
+            print(line[len("EXPLAIN "):], flush=True)
         if line.startswith("RESULT "):
             row.update(json.loads(line[len("RESULT "):]))
             return row
@@ -192,8 +204,10 @@ def _measure(spec):
     model = _build(spec)
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    if spec["variant"] == "ome":
+    if spec["variant"].startswith("ome"):
         model = ome.keras.wrap(model, **spec["ome_options"])
+    if spec["variant"] == "ome:keras-update":
+        ome.keras._apply_gradients = _keras_apply_gradients  # pylint: disable=protected-access
     probe = _probe()
     model.fit(_dataset(spec), epochs=1, steps_per_epoch=spec["warmup"] + spec["steps"],
               shuffle=False, verbose=0, callbacks=[probe])
@@ -203,11 +217,25 @@ def _measure(spec):
               "resident": timed[-1]["before"],
               "step_time": statistics.median(r["seconds"] for r in timed),
               "step_times": [r["seconds"] for r in timed]}
-    if spec["variant"] == "ome":
+    checkpoints = ()
+    if spec["variant"].startswith("ome"):
         plan, info = ome.keras.plans(model)[-1]
+        checkpoints = plan.checkpoints
         result["note"] = (f"{len(plan.checkpoints)} checkpoints, {info.copied_ops} ops "
                           f"recomputed ({plan.policy})")
+    if spec["explain"]:
+        from benchmark_lib import keras_peak  # pylint: disable=import-outside-toplevel
+        x, y = _batch(spec)
+        report, numbers = keras_peak.explain(model, x, y, checkpoints=checkpoints)
+        print("\n".join(f"EXPLAIN {line}" for line in
+                        [f"{spec['model']} {spec['variant']}:", *report.splitlines()]))
+        result["explain"] = numbers
     return result
+
+
+def _keras_apply_gradients(optimizer, grads, weights):
+    """Stands for ``ome.keras._apply_gradients``: Keras's own update, all-reduce included."""
+    optimizer.apply_gradients(zip(grads, weights))
 
 
 def _probe():
@@ -235,14 +263,20 @@ def _probe():
 
 def _dataset(spec):
     """One random batch, repeated: the step's input has a static shape and costs no copy."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return tf.data.Dataset.from_tensors(_batch(spec)).repeat()
+
+
+def _batch(spec):
+    """The one batch ``(x, y)`` of ``spec``, as numpy arrays."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
 
     rng = np.random.RandomState(0)
     shape = (1024,) if spec["model"] == "mlp" else (spec["size"], spec["size"], 3)
     x = rng.rand(spec["batch"], *shape).astype("float32")
     y = rng.randint(0, 10, spec["batch"])
-    return tf.data.Dataset.from_tensors((x, y)).repeat()
+    return x, y
 
 
 def _build(spec):

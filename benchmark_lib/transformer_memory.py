@@ -3,12 +3,18 @@
 ``python -m benchmark_lib.transformer_memory`` builds the zoo's GPT training step (momentum
 SGD, float32) once per mode, each in a graph of its own, and measures:
 
-- modes: ``none``, ``selective`` and ``full`` (:mod:`ome.transformer`) and ``ome-auto``
-  (``ome.gradients(checkpoints="auto")``), each through ``ome.gradients``;
-- ``stored``: the bytes allocated during the step and still alive when the forward pass
-  ends (the end of the last forward op whose output backprop reads, the cross-entropy),
-  from ``FULL_TRACE`` steps' allocation records (the median of three): what the forward
-  pass keeps for the backward pass. This is the quantity the estimator models;
+- modes: ``none``, ``selective`` and ``full`` (:mod:`ome.transformer`), ``ome-auto``
+  (``ome.gradients(checkpoints="auto")``) and ``ome`` (ome's plan for Transformers:
+  :func:`ome.transformer.optimal_within`, the optimal planner's least-time plan whose
+  simulated peak is no higher than selective's, both under a profile of the plain step,
+  ``ome.profile``), each through ``ome.gradients``;
+- ``stored``: the tensor bytes allocated during the step and still alive when the forward
+  pass ends (the end of the last forward op whose output backprop reads, the
+  cross-entropy), from ``FULL_TRACE`` steps' allocation records (the median of three):
+  what the forward pass keeps for the backward pass. This is the quantity the estimator
+  models. Each alive allocation counts the bytes its tensor asked for
+  (``requested_bytes``); ``chunks`` is what the BFC allocator gave (it hands out a whole
+  free chunk up to twice the size asked, so chunk bytes vary with what it held before);
 - ``activations``: the highest peak of two steps (:func:`ome.measure.measure`,
   TensorFlow's allocator) minus parameters, gradients and optimizer states, the split
   :func:`ome.breakdown.measure_breakdown` makes; ``memory_cost`` the peak minus the bytes
@@ -22,9 +28,10 @@ SGD, float32) once per mode, each in a graph of its own, and measures:
 
 The estimator's figure is its float32 activations with ``kernels="unfused"`` (what
 TensorFlow keeps for the zoo's LayerNorm and GELU written from primitive ops,
-``s*b*h*(106 + 9as/h)`` per layer with no recomputation) for the same recompute mode;
-``+masks`` adds the dropout masks TensorFlow keeps under selective and full
-(:data:`KEPT_MASKS`), which the estimator, after Korthikanti et al., counts as regenerated.
+``s*b*h*(106 + 9as/h)`` per layer with no recomputation) for the same recompute mode, with
+the dropout masks ome keeps under selective and full (``dropout_masks="kept"``: TensorFlow's
+dropout is a stateful random op); ``regen.`` is the count with the masks regenerated, as
+Korthikanti et al. and the Playbook assume.
 The breakdowns are drawn as stacked bars, measured and estimated side by side, into
 ``docs/img/transformer_breakdown.png``.
 
@@ -51,8 +58,8 @@ import tensorflow as tf  # noqa: E402
 import models  # noqa: E402
 import ome  # noqa: E402
 from models import gpt  # noqa: E402
-from ome import estimate, transformer  # noqa: E402
-from ome.breakdown import MemoryBreakdown, plot_breakdowns  # noqa: E402
+from ome import estimate, optimal, transformer  # noqa: E402
+from ome.breakdown import MemoryBreakdown, plot_breakdowns, step_breakdown  # noqa: E402
 from ome.measure import measure  # noqa: E402
 
 __all__ = ["CASES", "MODE_CASES", "MODES", "compare", "plot", "validate", "main"]
@@ -74,15 +81,19 @@ MODE_CASES = (
     ("gpt-tiny", 128, 8),
     ("gpt2-small", 128, 1),
 )
-MODES = ("none", "selective", "full", "ome-auto")
-#: The estimator's per-layer mask terms a recompute mode drops but TensorFlow keeps.
-KEPT_MASKS = {
-    "none": (),
-    "selective": ("core_softmax_dropout_mask",),
-    "full": ("core_softmax_dropout_mask", "attention_dropout_mask", "mlp_dropout_mask"),
-}
+MODES = ("none", "selective", "full", "ome-auto", "ome")
 IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                      "img", "transformer_breakdown.png")
+#: ``--breakdown``: (model, image size or sequence, batch, modes) at the benchmark's sizes,
+#: ResNet-50 as ``python benchmark.py`` runs it (batch 16, 112x112, momentum).
+BREAKDOWN_CASES = (
+    ("resnet50", 112, 16, ("none", "ome-auto")),
+    ("gpt2-small", 128, 1, ("none", "selective", "full", "ome")),
+)
+BREAKDOWN_IMAGE = os.path.join(os.path.dirname(IMAGE), "breakdown_resnet50_gpt2.png")
+#: Bar labels of ``--breakdown`` (mode none is plain tf.gradients).
+BREAKDOWN_LABELS = {"none": "tf.gradients", "ome-auto": "ome auto",
+                    "ome": "ome (optimal within selective)"}
 MEMORY_STEPS = 2  # the highest peak of these counts
 TRACED_STEPS = 3  # the median of what these store counts
 MIN_TIMED_SECONDS = 2.0
@@ -90,51 +101,51 @@ MAX_TIMED_STEPS = 50
 _MiB = float(1 << 20)
 
 
-def _estimate_config(name, sequence, batch, kernels="unfused", recompute="none"):
-    """The estimator's config of the zoo's GPT, float32 with momentum as measured here."""
-    return gpt.estimate_config(models.gpt_config(name, sequence), batch, precision="fp32",
-                               optimizer="momentum", recompute=recompute, kernels=kernels)
+def _estimated(name, sequence, batch, kernels="unfused", recompute="none",
+               dropout_masks="kept"):
+    """The estimator's breakdown of the zoo's GPT, float32 with momentum as measured here
+    (``dropout_masks="kept"``: what ome keeps)."""
+    config = gpt.estimate_config(models.gpt_config(name, sequence), batch, precision="fp32",
+                                 optimizer="momentum", recompute=recompute, kernels=kernels,
+                                 dropout_masks=dropout_masks)
+    return estimate.estimate(config, label=f"{recompute} (est.)")
 
 
-def _estimated(name, sequence, batch, kernels="unfused", recompute="none"):
-    """The estimator's breakdown of the zoo's GPT."""
-    return estimate.estimate(_estimate_config(name, sequence, batch, kernels, recompute),
-                             label=f"{recompute} (est.)")
-
-
-def _with_kept_masks(name, sequence, batch, recompute):
-    """The estimated activations plus the dropout masks TensorFlow keeps where Korthikanti
-    et al. regenerate them from the random state (a stateful random op cannot be
-    recomputed): selective keeps each layer's attention mask, full all three masks."""
-    config = _estimate_config(name, sequence, batch, recompute=recompute)
-    terms = estimate.layer_activation_terms(config)
-    masks = sum(terms.get(mask, 0) for mask in KEPT_MASKS[recompute])
-    return estimate.estimate(config).activations + config.layers * masks
-
-
-def _gradients(mode, plans):
+def _gradients(mode, plans, cost_model=None):
     """``gradients(ys, xs)`` of ``mode`` for :func:`models.build_train_step`; appends the
-    plan it follows to ``plans``."""
-    checkpoints = "auto" if mode == "ome-auto" else transformer.POLICIES[mode]
+    plan it follows to ``plans``. Mode ``ome`` plans with ``cost_model``."""
+    if mode == "ome":
+        checkpoints = functools.partial(transformer.optimal_within, model=cost_model)
+    else:
+        checkpoints = "auto" if mode == "ome-auto" else transformer.POLICIES[mode]
 
     def gradients(ys, xs):
-        grads, (plan, _) = ome.gradients(ys, xs, checkpoints=checkpoints, return_info=True)
+        grads, (plan, _) = ome.gradients(ys, xs, checkpoints=checkpoints, return_info=True,
+                                         cost_model=cost_model)
         plans.append(plan)
         return grads
 
     return gradients
 
 
-def _build(name, sequence, batch, mode):
+def _build(name, sequence, batch, mode, cost_model=None):
     """One mode's training step in a graph of its own: a row to fill (``model, sequence,
     batch, mode, graph, step, plan``)."""
     plans = []
     graph = tf.Graph()
     with graph.as_default():
         step = models.build_train_step(name, batch, sequence, optimizer="momentum",
-                                       gradients=_gradients(mode, plans))
+                                       gradients=_gradients(mode, plans, cost_model))
     return dict(model=name, sequence=sequence, batch=batch, mode=mode, graph=graph,
                 step=step, plan=plans[0])
+
+
+def _profile_plain(name, sequence, batch):
+    """``ome.profile`` of the plain step (mode none): measured op times, kernel scratch
+    memory and resident bytes, the cost model of mode ``ome``."""
+    row = _build(name, sequence, batch, "none")
+    with _session(row) as session:
+        return ome.profile(session, row["step"].train_op, row["step"].feed_dict)
 
 
 def _session(row):
@@ -152,8 +163,9 @@ def _measure_memory(row, steps):
         session.run(step.train_op, step.feed_dict)  # first-run allocations stay out
         # Whether the executor forwards a buffer in place depends on thread timing: the
         # bytes stored vary by a few percent from step to step.
-        row["stored"] = statistics.median(_stored(session, step, forward)
-                                          for _ in range(TRACED_STEPS))
+        traced = [_stored(session, step, forward) for _ in range(TRACED_STEPS)]
+        row["stored"] = statistics.median(requested for requested, _ in traced)
+        row["chunks"] = statistics.median(chunks for _, chunks in traced)
         measured = measure(session, step.train_op, step.feed_dict, warmup=0, steps=steps,
                            trace=False)
     with row["graph"].as_default():  # the optimizer finds its slots in the default graph
@@ -213,7 +225,8 @@ def _timed_steps(step_seconds, minimum):
 
 
 def _stored(session, step, forward):
-    """Bytes allocated in one traced step and alive when the ``forward`` ops ended."""
+    """``(tensor bytes, chunk bytes)`` allocated in one traced step and alive when the
+    ``forward`` ops ended (see :func:`_alive_after`)."""
     run_metadata = tf.compat.v1.RunMetadata()
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     session.run(step.train_op, step.feed_dict, options=options, run_metadata=run_metadata)
@@ -243,16 +256,38 @@ def _ancestors(ops):
 
 
 def _alive_after(run_metadata, names):
-    """Bytes allocated in the traced step and alive when the last op of ``names`` ended."""
-    end, records = 0, []
-    for device in run_metadata.step_stats.dev_stats:
-        for node in device.node_stats:
-            if node.node_name in names:
-                end = max(end, node.all_start_micros + node.all_end_rel_micros)
-            records.extend((record.alloc_micros, record.alloc_bytes)
-                           for memory in node.memory
-                           for record in memory.allocation_records)
-    return sum(nbytes for micros, nbytes in records if micros <= end)
+    """``(tensor bytes, chunk bytes)`` allocated in the traced step and alive when the last
+    op of ``names`` ended.
+
+    An op's allocation records hold the allocator's chunk sizes: the BFC allocator hands
+    out a whole free chunk when it is less than twice the size asked, so a 512 KiB mask
+    may take 640 KiB, depending on what the allocator held before. Each alive chunk an op
+    allocated for one of its outputs counts that output's ``requested_bytes`` instead;
+    chunks matching no output (kernel scratch) count whole.
+    """
+    nodes = [node for device in run_metadata.step_stats.dev_stats
+             for node in device.node_stats]
+    end = max((node.all_start_micros + node.all_end_rel_micros for node in nodes
+               if node.node_name in names), default=0)
+    requested = chunks = 0
+    for node in nodes:
+        records = [record.alloc_bytes for memory in node.memory
+                   for record in memory.allocation_records if record.alloc_micros <= end]
+        alive = sorted(nbytes for nbytes in records if nbytes > 0)
+        for nbytes in records:
+            if nbytes < 0 and -nbytes in alive:
+                alive.remove(-nbytes)
+        outputs = [output.tensor_description.allocation_description
+                   for output in node.output]
+        for nbytes in alive:
+            chunks += nbytes
+            match = next((o for o in outputs if o.allocated_bytes == nbytes), None)
+            if match is None:
+                requested += nbytes
+            else:
+                outputs.remove(match)
+                requested += match.requested_bytes
+    return requested, chunks
 
 
 def compare(cases=MODE_CASES, modes=MODES, steps=5, say=functools.partial(print, flush=True)):
@@ -262,16 +297,16 @@ def compare(cases=MODE_CASES, modes=MODES, steps=5, say=functools.partial(print,
     -------
     list of dict
         ``model, sequence, batch, mode, plan`` (the :class:`ome.Plan` followed),
-        ``breakdown`` (measured :class:`ome.breakdown.MemoryBreakdown`), ``stored,
-        activations, memory_cost, estimated, with_masks`` (bytes; the estimates None for
-        ome-auto; ``with_masks`` adds the dropout masks TensorFlow keeps),
+        ``breakdown`` (measured :class:`ome.breakdown.MemoryBreakdown`), ``stored, chunks,
+        activations, memory_cost, estimated, regenerated`` (bytes; the estimates None for
+        ome-auto and ome; ``regenerated`` counts the dropout masks as regenerated),
         ``step_time`` (median seconds), ``step_time_quartiles``, ``time_ratio``.
     """
-    say(f"{'model':<11} {'seq':>4} {'batch':>5} {'mode':<9} {'estimated':>9} {'+masks':>7} "
-        f"{'stored':>7} {'stored/':>7} {'stored/':>7} {'peak act':>8} {'memory':>8} "
+    say(f"{'model':<11} {'seq':>4} {'batch':>5} {'mode':<9} {'estimate':>8} {'regen.':>7} "
+        f"{'stored':>7} {'stored/':>8} {'chunks':>7} {'peak act':>8} {'memory':>8} "
         f"{'step':>7} {'IQR':>5} {'time':>5} {'recomputed':>10}")
-    say(f"{'':<11} {'':>4} {'':>5} {'':<9} {'MiB':>9} {'MiB':>7} {'MiB':>7} {'estim.':>7} "
-        f"{'+masks':>7} {'MiB':>8} {'cost MiB':>8} {'ms':>7} {'ms':>5} {'ratio':>5} "
+    say(f"{'':<11} {'':>4} {'':>5} {'':<9} {'MiB':>8} {'MiB':>7} {'MiB':>7} {'estimate':>8} "
+        f"{'MiB':>7} {'MiB':>8} {'cost MiB':>8} {'ms':>7} {'ms':>5} {'ratio':>5} "
         f"{'tensors':>10}")
     rows = []
     for case in cases:
@@ -279,6 +314,9 @@ def compare(cases=MODE_CASES, modes=MODES, steps=5, say=functools.partial(print,
         for row in measured:
             say(_format_row(row))
         rows += measured
+    for row in rows:
+        if row["mode"] == "ome":
+            say(_format_prediction(row))
     return rows
 
 
@@ -294,33 +332,47 @@ def _in_fresh_process(function, *args):
 def _measure_case(name, sequence, batch, modes, steps):
     """The rows of :func:`compare` for one case, measured in this process."""
     tf.compat.v1.disable_eager_execution()
-    case = [_build(name, sequence, batch, mode) for mode in modes]
+    cost_model = _profile_plain(name, sequence, batch) if "ome" in modes else None
+    case = [_build(name, sequence, batch, mode, cost_model if mode == "ome" else None)
+            for mode in modes]
     for row in case:
         _measure_memory(row, MEMORY_STEPS)
     _time_in_turn(case, steps)
     for row in case:
         del row["graph"], row["step"]  # the rest goes back to the parent process
-        row["estimated"], row["with_masks"] = None, None
+        row["estimated"], row["regenerated"] = None, None
         if row["mode"] in estimate.RECOMPUTE_MODES:
             row["estimated"] = _estimated(name, sequence, batch,
                                           recompute=row["mode"]).activations
-            row["with_masks"] = _with_kept_masks(name, sequence, batch, row["mode"])
+            row["regenerated"] = _estimated(name, sequence, batch, recompute=row["mode"],
+                                            dropout_masks="regenerated").activations
     return case
 
 
 def _format_row(row):
     q1, _, q3 = row["step_time_quartiles"]
-    estimates = "-".rjust(9) + " " + "-".rjust(7)
-    ratios = "-".rjust(7) + " " + "-".rjust(7)
+    estimates = "-".rjust(8) + " " + "-".rjust(7)
+    ratio = "-".rjust(8)
     if row["estimated"]:
-        estimates = f"{row['estimated'] / _MiB:>9.1f} {row['with_masks'] / _MiB:>7.1f}"
-        ratios = (f"{row['stored'] / row['estimated']:>7.2f} "
-                  f"{row['stored'] / row['with_masks']:>7.2f}")
+        estimates = f"{row['estimated'] / _MiB:>8.2f} {row['regenerated'] / _MiB:>7.2f}"
+        ratio = f"{row['stored'] / row['estimated']:>8.3f}"
     return (f"{row['model']:<11} {row['sequence']:>4} {row['batch']:>5} {row['mode']:<9} "
-            f"{estimates} {row['stored'] / _MiB:>7.1f} {ratios} "
+            f"{estimates} {row['stored'] / _MiB:>7.2f} {ratio} {row['chunks'] / _MiB:>7.2f} "
             f"{row['activations'] / _MiB:>8.1f} {row['memory_cost'] / _MiB:>8.1f} "
-            f"{row['step_time'] * 1e3:>7.0f} {(q3 - q1) * 1e3:>5.0f} "
+            f"{row['step_time'] * 1e3:>7.1f} {(q3 - q1) * 1e3:>5.1f} "
             f"{row['time_ratio']:>5.2f} {len(row['plan'].recomputed):>10}")
+
+
+def _format_prediction(row):
+    """What the planner predicted for mode ``ome`` against selective, under the profile."""
+    estimates = row["plan"].estimates
+    solver = optimal.SOLVER_NAMES.get(estimates.get("solver"), "?")
+    return (f"{row['model']} s={row['sequence']} b={row['batch']}: simulated peak (no "
+            f"variables) selective {estimates['reference_peak'] / _MiB:.2f} MiB, ome "
+            f"{estimates['planned_peak'] / _MiB:.2f} MiB; predicted added time selective "
+            f"{estimates['reference_seconds'] * 1e3:.2f} ms, ome "
+            f"{estimates['added_seconds'] * 1e3:.2f} ms ({solver}; "
+            f"{len(row['plan'].recomputed)} tensors recomputed)")
 
 
 def plot(rows, path=IMAGE):
@@ -370,6 +422,38 @@ def _measure_plain(name, sequence, batch, steps):
     return row["stored"], row["memory_cost"]
 
 
+def breakdowns(cases=BREAKDOWN_CASES, path=BREAKDOWN_IMAGE,
+               say=functools.partial(print, flush=True)):
+    """Measure the four-part breakdown of each case's modes (each case in a fresh process,
+    its modes one at a time), print them, draw them as stacked bars into ``path`` and
+    return ``{panel title: [MemoryBreakdown]}``."""
+    panels = {}
+    for name, size, batch, modes in cases:
+        unit = "sequence" if name in gpt.PRESETS else "image"
+        title = f"{name} {unit} {size} batch {batch}"
+        panels[title] = _in_fresh_process(_measure_breakdowns, name, size, batch, modes)
+        for bar in panels[title]:
+            say(f"{title}: {bar}")
+    plot_breakdowns(panels, path, unit="MiB",
+                    title="Training memory, measured (float32, momentum SGD, CPU)")
+    say(f"wrote {path}")
+    return panels
+
+
+def _measure_breakdowns(name, size, batch, modes):
+    """The measured :class:`MemoryBreakdown` of each mode, in this process."""
+    tf.compat.v1.disable_eager_execution()
+    cost_model = _profile_plain(name, size, batch) if "ome" in modes else None
+    bars = []
+    for mode in modes:
+        row = _build(name, size, batch, mode, cost_model if mode == "ome" else None)
+        step = row["step"]
+        with _session(row) as session, row["graph"].as_default():
+            bars.append(step_breakdown(session, step, label=BREAKDOWN_LABELS.get(mode, mode),
+                                       steps=MEMORY_STEPS))
+    return bars
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmark_lib.transformer_memory",
@@ -389,8 +473,15 @@ def main(argv=None):
     parser.add_argument("--validate", action="store_true",
                         help="the estimator's validation (mode none over more sizes) "
                              "instead of the mode comparison")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="instead: the measured breakdown of ResNet-50 (batch 16, "
+                             "112x112) and GPT-2 small (sequence 128, batch 1) into "
+                             "docs/img/breakdown_resnet50_gpt2.png")
     args = parser.parse_args(argv)
     tf.compat.v1.disable_eager_execution()
+    if args.breakdown:
+        breakdowns()
+        return 0
     if args.validate:
         validate([case for case in CASES if case[0] in args.models], steps=args.steps)
         return 0

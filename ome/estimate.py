@@ -27,6 +27,15 @@ softmax, its dropout, probabilities @ V) and drops the ``5as/h`` term; ``full`` 
 each layer's input, ``2*s*b*h`` bytes (the one layer rebuilt at a time during the backward
 pass is not counted, as in the paper).
 
+Dropout masks under recomputation (``dropout_masks``): Megatron saves the random state and
+regenerates a mask when it recomputes, which is Korthikanti's count (``"regenerated"``; the
+Playbook's chart). ome recomputes TensorFlow graphs, where ``tf.nn.dropout`` draws its mask
+from a stateful random op that a copy cannot replay, so ome keeps the 1-byte masks of what it
+recomputes (``"kept"``, the default): ``selective`` keeps the probabilities' mask
+(``as/h`` more per ``sbh``), ``full`` that mask and the two residual-branch masks
+(``2 + as/h`` more). ``python -m benchmark_lib.transformer_memory`` measures the zoo's GPT
+against the ``"kept"`` count.
+
 This module counts the same tensors item by item (:func:`layer_activation_terms`), which
 generalises the formula: grouped-query attention (K and V have ``kv_heads`` heads),
 any FFN width, SwiGLU (keeps its gate and up projections), no dropout (no masks, and the
@@ -48,8 +57,9 @@ the sigmoid and ``x^2`` (3 instead of 1: the ``Pow`` gradient's ``x^2`` depends 
 forward values, so TensorFlow computes it during the forward pass and holds it); SwiGLU keeps
 gate, sigmoid, SiLU and up (4 instead of 2). In fp32 a GPT layer then keeps
 ``s*b*h*(106 + 9*a*s/h)``: 66 + 2 * 4 (the second LayerNorm tensors) + 2 * 16 (the GELU's).
-Measured on the zoo's GPTs (``python -m benchmark_lib.transformer_memory``), the bytes alive
-when the forward pass ends are 1.00-1.13 times this figure.
+Measured on the zoo's GPTs (``python -m benchmark_lib.transformer_memory``), the tensor bytes
+alive when the forward pass ends are 1.000-1.001 times this figure under none, selective and
+full (with ``dropout_masks="kept"``).
 
 Outside the layers (Korthikanti et al. list these too): the embedding dropout mask
 (``s*b*h`` bytes, with dropout), and with ``output_layer=True`` the final norm's input, the
@@ -91,6 +101,8 @@ __all__ = [
     "PRECISIONS",
     "OPTIMIZER_SLOTS",
     "RECOMPUTE_MODES",
+    "DROPOUT_MASKS",
+    "RECOMPUTED_MASKS",
     "TransformerConfig",
     "PRESETS",
     "PLAYBOOK_MODELS",
@@ -129,6 +141,14 @@ KERNELS = ("fused", "unfused")
 FFN_KINDS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 MASK_BYTES = 1
+DROPOUT_MASKS = ("kept", "regenerated")
+#: The per-layer dropout masks (:func:`layer_activation_terms` names) each recompute mode
+#: drops when masks are regenerated, and keeps when they are ``"kept"``.
+RECOMPUTED_MASKS = {
+    "none": (),
+    "selective": ("core_softmax_dropout_mask",),
+    "full": ("core_softmax_dropout_mask", "attention_dropout_mask", "mlp_dropout_mask"),
+}
 LOGIT_BYTES = 4
 
 
@@ -164,6 +184,10 @@ class TransformerConfig:
     recompute : {"none", "selective", "full"}
     kernels : {"fused", "unfused"}
         What norms and activation functions keep for the backward pass (module docstring).
+    dropout_masks : {"kept", "regenerated"}
+        Whether ``selective`` and ``full`` keep the dropout masks of what they recompute
+        (ome in TensorFlow: stateful random ops) or regenerate them from the random state
+        (Megatron, Korthikanti et al., the Playbook). See the module docstring.
     output_layer : bool
         Count the final norm, the output projection's input and the fp32 logits.
     data_parallel, tensor_parallel, pipeline_parallel : int
@@ -194,6 +218,7 @@ class TransformerConfig:
     optimizer: str = "adam"
     recompute: str = "none"
     kernels: str = "fused"
+    dropout_masks: str = "kept"
     output_layer: bool = True
     data_parallel: int = 1
     tensor_parallel: int = 1
@@ -216,7 +241,8 @@ class TransformerConfig:
         for field, choices in (("ffn_kind", FFN_KINDS), ("norm", NORMS),
                                ("precision", tuple(PRECISIONS)),
                                ("optimizer", tuple(OPTIMIZER_SLOTS)),
-                               ("recompute", RECOMPUTE_MODES), ("kernels", KERNELS)):
+                               ("recompute", RECOMPUTE_MODES), ("kernels", KERNELS),
+                               ("dropout_masks", DROPOUT_MASKS)):
             if getattr(self, field) not in choices:
                 raise InvalidArgumentError(
                     f"TransformerConfig.{field} must be one of {choices}, "
@@ -321,6 +347,8 @@ numbers it plots (its memory-recomputation.html fragment) and matched here to th
   full and mixed precision give the same overall values), split differently;
 - activations: L*s*b*h*(34 + 5*a*s/h) bytes (16-bit, Korthikanti et al.) plus s*b*h
   (the embedding dropout mask); selective: 34 instead; full: 2 (the layer inputs);
+  recomputation regenerates the dropout masks from the saved random state (Megatron),
+  where ome in TensorFlow keeps them (dropout_masks="kept", the estimator's default);
   b = 1; no logits, no tensor/pipeline parallelism; GiB (2^30 bytes), labelled "GB"."""
 
 
@@ -447,12 +475,15 @@ def outside_activation_terms(config):
 
 def _layer_activations(config):
     """Bytes one layer keeps under ``config.recompute``."""
+    terms = layer_activation_terms(config)
+    masks = 0
+    if config.dropout_masks == "kept":
+        masks = sum(terms.get(name, 0) for name in RECOMPUTED_MASKS[config.recompute])
     if config.recompute == "full":
         p = PRECISIONS[config.precision].activation
-        return p * config.sequence * config.micro_batch * config.hidden
-    terms = layer_activation_terms(config)
+        return p * config.sequence * config.micro_batch * config.hidden + masks
     if config.recompute == "selective":
-        return sum(v for k, v in terms.items() if not k.startswith("core_"))
+        return sum(v for k, v in terms.items() if not k.startswith("core_")) + masks
     return sum(terms.values())
 
 
@@ -565,7 +596,7 @@ def playbook_config(model, sequence, recompute="none"):
     return TransformerConfig(
         layers=layers, hidden=hidden, heads=heads, vocab=PLAYBOOK_VOCAB, sequence=sequence,
         positions=sequence, precision="playbook", optimizer="adam", recompute=recompute,
-        output_layer=False,
+        dropout_masks="regenerated", output_layer=False,
     )
 
 
@@ -588,7 +619,7 @@ def plot_playbook(path):
 def _real_config(model, sequence, recompute):
     _, preset = PLAYBOOK_MODELS[model]
     fields = dict(PRESETS[preset], sequence=sequence, recompute=recompute,
-                  precision="mixed", output_layer=False)
+                  precision="mixed", dropout_masks="regenerated", output_layer=False)
     return TransformerConfig(**fields)
 
 
@@ -666,6 +697,10 @@ def _parse(argv):
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_SLOTS), default="adam")
     parser.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none")
     parser.add_argument("--kernels", choices=KERNELS, default="fused")
+    parser.add_argument("--dropout-masks", choices=DROPOUT_MASKS, default="kept",
+                        help="under recomputation: kept (ome, TensorFlow's stateful "
+                             "dropout; default) or regenerated from the random state "
+                             "(Megatron, Korthikanti et al.)")
     parser.add_argument("--no-output-layer", action="store_true",
                         help="leave the final norm, output input and logits out")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel size")
@@ -686,7 +721,7 @@ def _config_from_args(args):
             fields[field] = value
     fields.update(micro_batch=args.micro_batch, precision=args.precision,
                   optimizer=args.optimizer, recompute=args.recompute, kernels=args.kernels,
-                  output_layer=not args.no_output_layer, data_parallel=args.dp,
+                  dropout_masks=args.dropout_masks, output_layer=not args.no_output_layer, data_parallel=args.dp,
                   tensor_parallel=args.tp, pipeline_parallel=args.pp)
     return TransformerConfig(**fields)
 

@@ -6,6 +6,9 @@ mixed precision, ``apply_gradients``, metrics) but takes the gradients from
 ``ome.gradients(loss, model.trainable_weights, **options)`` inside the traced function.
 ``fit``, ``evaluate``, ``predict``, callbacks, ``steps_per_execution``, sample weights,
 ``tf.distribute`` strategies and ``LossScaleOptimizer`` keep working; see docs/KERAS.md.
+Without a strategy, the optimizer's update ops are scheduled so that each weight's update
+runs when its gradient is ready (same ops and values as Keras's ``apply_gradients``; see
+``_apply_gradients``).
 
 XLA would fuse the step again and undo the rewrite (measured in docs/KERAS.md), so a
 wrapped model refuses ``jit_compile=True`` and compiles ``jit_compile="auto"`` as False.
@@ -20,7 +23,7 @@ import tensorflow as tf
 # What Keras's own TensorFlow train step reports to the loss tracker under tf.distribute.
 from keras.src.losses.loss import unscale_loss_for_distribution
 
-from ome import errors
+from ome import errors, tfprivate
 from ome.gradients import gradients
 from ome.tape import GradientTape
 
@@ -149,10 +152,78 @@ class _TrainStep:
         if weights:
             grads = tape.gradient(loss, weights)
             self.plans.extend(tape.plans)
-            model.optimizer.apply_gradients(zip(grads, weights))
+            _apply_gradients(model.optimizer, grads, weights)
         else:
             warnings.warn("The model does not have any trainable weights.")
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _apply_gradients(optimizer, grads, weights):
+    """``optimizer.apply_gradients``, each weight's update run when its gradient is ready.
+
+    Keras's TensorFlow optimizer makes every update wait for every gradient, and starts
+    parts of each update before its gradient exists; both keep bytes alive that backprop
+    does not need (docs/KERAS.md, "Memory and time"). Under the default strategy (no
+    ``tf.distribute``), this builds the same update ops but
+
+    - skips ``_all_reduce_sum_gradients``: the sum over one replica returns each gradient
+      unchanged, but its ``custom_gradient`` wrapper is one ``IdentityN`` over all the
+      gradients, so no weight could be updated before the last gradient existed;
+    - makes each update op that reads no gradient itself but feeds the update of exactly
+      one weight (SGD's ``momentum * m``, a weight-sized product) wait for that weight's
+      gradient, instead of running at the start of the step and being held to the end of
+      backprop.
+
+    Values are unchanged (same ops, same inputs; only when they run). Under a strategy the
+    all-reduce is needed and nothing changes. A ``LossScaleOptimizer`` still checks every
+    gradient for infinities before any update (its inner optimizer gets the same identity).
+    """
+    if tf.distribute.has_strategy():
+        optimizer.apply_gradients(zip(grads, weights))
+        return
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    chain = [optimizer, getattr(optimizer, "inner_optimizer", None)]
+    patched = [o for o in chain if hasattr(o, "_all_reduce_sum_gradients")]
+    for each in patched:
+        each._all_reduce_sum_gradients = list  # pylint: disable=protected-access
+    try:
+        optimizer.apply_gradients(zip(grads, weights))
+    finally:
+        for each in patched:
+            del each._all_reduce_sum_gradients  # pylint: disable=protected-access
+    _wait_for_own_gradient(graph.get_operations()[first:], grads)
+
+
+def _wait_for_own_gradient(update_ops, grads):
+    """Control inputs: an op of ``update_ops`` reading no gradient, feeding one, waits for it.
+
+    ``update_ops`` are in creation order, which is a topological order.
+    """
+    gradient_of = {}
+    for index, grad in enumerate(grads):
+        if grad is not None:
+            grad = getattr(grad, "values", grad)  # IndexedSlices: its values
+            gradient_of[grad.name] = index
+    new = {op.name for op in update_ops}
+    above = {}  # op -> gradients it reads, directly or through update ops
+    for op in update_ops:
+        found = set()
+        for tensor in op.inputs:
+            if tensor.name in gradient_of:
+                found.add(gradient_of[tensor.name])
+            found |= above.get(tensor.op.name, set())
+        above[op.name] = found
+    below = {}  # op -> gradients that the update ops reading it read
+    for op in reversed(update_ops):
+        found = set()
+        for consumer in (c for t in op.outputs for c in t.consumers() if c.name in new):
+            found |= above[consumer.name] | below.get(consumer.name, set())
+        below[op.name] = found
+    for op in update_ops:
+        if op.inputs and not above[op.name] and len(below[op.name]) == 1:
+            grad = grads[next(iter(below[op.name]))]
+            tfprivate.add_control_inputs(op, [getattr(grad, "values", grad).op])
 
 
 def _first_input(x):

@@ -7,7 +7,10 @@ Transformer Models") and of the Ultra-Scale Playbook's chart, as ome policies
 - :func:`none`: keep every tensor (plain backprop);
 - :func:`selective`: recompute only the attention core (``Q K^T``, its scaling and mask,
   the softmax, its dropout and the product with ``V``) and keep everything else;
-- :func:`full`: keep each block's input and recompute the block during backprop.
+- :func:`full`: keep each block's input and recompute the block during backprop;
+- :func:`optimal_within`: ome's own plan, the optimal planner's (:mod:`ome.optimal`) least
+  added time whose simulated peak is no higher than a fixed mode's (``selective`` by
+  default), under a cost model (a profile of the plain step, :func:`ome.profile`).
 
 Detection is structural, from the GraphView alone (no op names, no TensorFlow):
 
@@ -27,19 +30,21 @@ come from stateful random ops, so the boolean masks (1 byte per element, the att
 probabilities' ``[b, a, s, s]`` one included) are kept by ``selective`` and ``full`` too,
 where Korthikanti et al. regenerate them from the random state.
 """
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Tuple
 
 import networkx as nx
 
-from ome import errors
-from ome.plans import make_plan
+from ome import errors, optimal, planner
+from ome.costs import STATIC
+from ome.plans import make_plan, with_estimates
 from ome.schedule import Decision, forced_keep
 from ome.select import Region, apply_pins, keep_all
 
 __all__ = ["AttentionCore", "Block", "attention_cores", "residual_stream", "blocks",
-           "none", "selective", "full", "summary", "POLICIES"]
+           "none", "selective", "full", "optimal_within", "summary", "POLICIES"]
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +322,44 @@ def full(view, *, pins=None, host_device=None):
 
 
 POLICIES = {"none": none, "selective": selective, "full": full}
+
+
+def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_device=None,
+                   time_limit=optimal.DEFAULT_TIME_LIMIT):
+    """The optimal planner's plan adding the least time whose simulated device peak is no
+    higher than fixed mode ``mode``'s (a key of :data:`POLICIES`).
+
+    Both peaks are :func:`ome.simulate.simulate`'s under ``model``; with a profile of the
+    plain step (``ome.profile``) the times are measured op times and the peaks include the
+    kernels' scratch memory. ``mode``'s own plan is one the planner may choose, so the
+    plan found adds no more time than ``mode``'s, by the cost model. Use it as a policy
+    with the same model given to ``ome.gradients``::
+
+        policy = functools.partial(transformer.optimal_within, model=cost)
+        grads = ome.gradients(loss, variables, checkpoints=policy, cost_model=cost)
+
+    ``estimates`` hold the optimal planner's (``device_peak``, ``added_seconds``,
+    ``solver``, ...), ``planned_peak`` (its simulated peak) and ``reference_peak``,
+    ``reference_seconds``: ``mode``'s.
+
+    Raises :class:`ome.errors.NoBottleneckError` when ``mode`` finds no attention, and
+    :class:`ome.errors.InvalidArgumentError` for an unknown ``mode``.
+    """
+    if mode not in POLICIES:
+        raise errors.InvalidArgumentError(
+            f"mode must be one of {tuple(POLICIES)}, got {mode!r}")
+    reference = planner.with_predictions(
+        view, POLICIES[mode](view, pins=pins, host_device=host_device), model)
+    peak = int(reference.estimates["device_peak"])
+    plan = optimal.optimal(view, limit=peak, model=model, pins=pins,
+                           host_device=host_device, time_limit=time_limit)
+    # ome.gradients adds what stays allocated to device_peak; these two leave it out.
+    plan = with_estimates(plan, reference_peak=float(peak),
+                          planned_peak=plan.estimates["device_peak"],
+                          reference_seconds=reference.estimates["added_seconds"])
+    plan = dataclasses.replace(plan, policy=f"optimal within {mode}")
+    log.info("%s", summary(plan))
+    return plan
 
 
 def summary(plan):

@@ -31,9 +31,22 @@ def _activations(**changes):
 def test_sixteen_bit_activations_follow_korthikanti():
     per_layer = SBH * (34 + 5 * 1)  # s*b*h*(34 + 5as/h), a*s/h = 2*4/8 = 1
     assert _activations() == 2 * per_layer + SBH  # + the embedding dropout mask
-    assert _activations(recompute="selective") == 2 * SBH * 34 + SBH
-    assert _activations(recompute="full") == 2 * 2 * SBH + SBH
+    # Megatron regenerates the dropout masks of what it recomputes.
+    assert _activations(recompute="selective", dropout_masks="regenerated") == \
+        2 * SBH * 34 + SBH
+    assert _activations(recompute="full", dropout_masks="regenerated") == 2 * 2 * SBH + SBH
     assert sum(estimate.layer_activation_terms(_small()).values()) == per_layer
+
+
+def test_kept_dropout_masks_are_what_ome_keeps():
+    # TensorFlow's stateful dropout: ome keeps the 1-byte masks of what it recomputes, the
+    # probabilities' (as/h = 1 per sbh) under selective, and the two residual ones too
+    # under full. Without recomputation the two counts agree.
+    assert _activations(recompute="selective") == 2 * SBH * (34 + 1) + SBH
+    assert _activations(recompute="full") == 2 * SBH * (2 + 1 + 2) + SBH
+    assert _activations(dropout_masks="regenerated") == _activations()
+    assert _activations(recompute="full", dropout=False) == \
+        _activations(recompute="full", dropout=False, dropout_masks="regenerated")
 
 
 def test_modes_are_ordered_none_selective_full():
@@ -47,7 +60,9 @@ def test_modes_are_ordered_none_selective_full():
 def test_thirty_two_bit_and_unfused_activations():
     assert _activations(precision="fp32") == 2 * SBH * (66 + 9) + SBH
     assert _activations(precision="fp32", kernels="unfused") == 2 * SBH * (106 + 9) + SBH
-    assert _activations(precision="fp32", recompute="full") == 2 * 4 * SBH + SBH
+    assert _activations(precision="fp32", recompute="full",
+                        dropout_masks="regenerated") == 2 * 4 * SBH + SBH
+    assert _activations(precision="fp32", recompute="full") == 2 * (4 + 3) * SBH + SBH
 
 
 def test_output_layer_adds_norm_projection_input_and_fp32_logits():
@@ -185,6 +200,7 @@ def test_command_line():
     (dict(precision="bf16"), "TransformerConfig.precision must be one of"),
     (dict(recompute="some"), "TransformerConfig.recompute must be one of"),
     (dict(ffn_kind="relu"), "TransformerConfig.ffn_kind must be one of"),
+    (dict(dropout_masks="saved"), "TransformerConfig.dropout_masks must be one of"),
     (dict(dropout=0.1), "TransformerConfig.dropout must be a bool"),
 ])
 def test_bad_configs_name_the_field(changes, message):

@@ -31,6 +31,13 @@ def test_one_step_equals_keras_on_resnet50():
     assert run_script("keras_resnet.py")[0].startswith("OK step resnet50")
 
 
+def test_updates_run_as_gradients_arrive_with_the_same_weights():
+    lines = run_script("keras_updates.py")
+    assert lines[0].startswith("OK updates same weights")
+    assert any(line.startswith("OK updates as gradients arrive") for line in lines)
+    assert lines[-1].startswith("OK updates skip the one-replica all-reduce")
+
+
 def test_refusals_compile_guard_budget_and_patch_warning():
     lines = run_script("keras_errors.py")
     assert len(lines) == 12, lines
