@@ -140,7 +140,7 @@ def _write(config, points, lines):
     model = config.models[0]
     header = (f"# Frontier: {model}, batch {config.batch_sizes[0]}, image "
               f"{config.image_sizes[model]}x{config.image_sizes[model]}\n\n"
-              f"Measured {now()} on {machine_info()}; step times are medians of "
+              f"Measured {now()} on {_machine()}; step times are medians of "
               f"{config.steps} steps. `added s`: step time minus plain backprop's; "
               f"`predicted`: the plan's own estimates from the profile.\n\n")
     with open(os.path.join(config.out, "frontier.md"), "w") as f:
@@ -148,6 +148,12 @@ def _write(config, points, lines):
     plot(points, os.path.join(config.out, "frontier.png"),
          f"{model}, batch {config.batch_sizes[0]}, "
          f"{config.image_sizes[model]}x{config.image_sizes[model]}")
+
+
+def _machine():
+    info = machine_info()
+    return (f"{info.get('cpu_count')} cores ({info.get('processor')}), "
+            f"{info.get('memory_bytes', 0) / 2**30:.1f} GiB, Python {info.get('python')}")
 
 
 def plot(points, path, title):
