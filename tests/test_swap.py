@@ -137,14 +137,28 @@ def model_grads_peak(name, batch, size, **options):
 
 # ResNet-18 only: on InceptionV4 (8 x 96x96) the simulator predicts swapping saves 2.8%
 # (182 -> 177 MiB), less than the peak varies between runs with two inter-op threads.
+# In a process of its own: in the full suite, what earlier tests left in the allocator
+# changed the traced peaks (recompute-only 111 MiB, with swaps 139 MiB; alone 139-155 and
+# 105-128).
+_MODEL_PEAKS = """
+import tests.conftest
+from tests.test_swap import model_grads_peak
+recompute, _ = model_grads_peak({name!r}, {batch}, {size}, checkpoints="speed")
+ome_peak, host = model_grads_peak({name!r}, {batch}, {size}, checkpoints="speed", swap="auto")
+print(recompute, ome_peak, host.peak)
+"""
+
+
 @pytest.mark.parametrize("name,batch,size", [("resnet18", 16, 96)])
 def test_ome_below_recompute_only_on_models(name, batch, size):
-    recompute, _ = model_grads_peak(name, batch, size, checkpoints="speed")
-    ome_peak, host = model_grads_peak(name, batch, size, checkpoints="speed", swap="auto")
+    out = subprocess.run([sys.executable, "-c", _MODEL_PEAKS.format(name=name, batch=batch,
+                                                                    size=size)],
+                         check=True, capture_output=True, text=True, timeout=600).stdout
+    recompute, ome_peak, host_peak = map(int, out.split()[-3:])
     print(f"{name}: device peak recompute-only {recompute / MiB:.1f} MiB, OME "
-          f"{ome_peak / MiB:.1f} MiB, host {host.peak / MiB:.1f} MiB")
+          f"{ome_peak / MiB:.1f} MiB, host {host_peak / MiB:.1f} MiB")
     assert ome_peak < recompute
-    assert host.peak > 0
+    assert host_peak > 0
 
 
 def test_resnet50_budgets_are_met_with_a_profile():
