@@ -81,10 +81,7 @@ def _measure(spec):
                 image_size=spec.image_size)
     details = {"tensorflow": tf.__version__}
     made = {}
-
-    costs = _profile(spec) if spec.profile else None
-    if costs is not None:
-        details["cost_model"] = str(costs)
+    costs = None
 
     def gradients(ys, xs):
         start = time.perf_counter()
@@ -97,6 +94,10 @@ def _measure(spec):
         return list(made["built"].grads)
 
     try:
+        # Only strategies that plan with a cost model get one; the others are not profiled.
+        if spec.profile and "cost_model" in baselines.options_of(spec.strategy):
+            costs = _profile(spec)
+            details["cost_model"] = str(costs)
         graph = tf.Graph()
         with graph.as_default():
             step = models.build_train_step(spec.model, spec.batch_size, spec.image_size,

@@ -22,15 +22,16 @@ OUT = "results/simulator-check"
 
 
 def prepare(args):
-    config = from_args(args, "simulator-check", out=OUT, batch_sizes=(8,), models=tuple(catalog.MODELS),
-                       strategies=PLANNED, image_size=64, profile=True)
+    config = from_args(args, "simulator-check", out=OUT, batch_sizes=(8,),
+                       models=tuple(catalog.MODELS), strategies=PLANNED, image_size=64,
+                       profile=True)
     return resume.plan(config, set(config.runs()).__contains__)
 
 
 def run(plan):
     code = sweep.run(plan)
-    rows = [r for r in ResultsFolder(plan.config.out).load().rows
-            if r.key in set(plan.config.runs())]
+    asked = set(plan.config.runs())
+    rows = [r for r in ResultsFolder(plan.config.out).load().rows if r.key in asked]
     lines, misses = comparison(rows)
     print("\n".join(lines))
     return code or (1 if misses else 0)
