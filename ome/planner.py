@@ -117,8 +117,10 @@ def with_predictions(view, plan, model=STATIC, static_bytes=0):
                           added_seconds=added_seconds(view, plan, model))
 
 
-# Share of a budget the planner leaves free for the executor's run-to-run variation.
-HEADROOM = 0.05
+# Share of a budget the planner leaves free: the simulator's error and the executor's
+# run-to-run variation. At 5%, ResNet-50 (batch 16, 112x112, profiled) measured up to 6%
+# above its plan's prediction (tests/scripts/resnet50_budgets.py, 2026-11-25).
+HEADROOM = 0.10
 
 
 def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,

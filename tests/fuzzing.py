@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 import ome
+from ome import planner
 from ome.errors import InternalError, OmeError
 from tests.randomgraphs import TOLERANCE, Interior
 
@@ -63,8 +64,6 @@ class Budget:
         return program.variable_bytes() + max(1, int(self.fraction * program.activation_bytes()))
 
 
-# Share of a budget ome leaves free (ome.planner.HEADROOM), used to place PlannedBudgets.
-BUDGET_HEADROOM = 0.05
 _PEAKS = {}  # program fingerprint -> predicted (auto, plain) activation peaks
 
 
@@ -97,7 +96,7 @@ class PlannedBudget:
     def bytes_for(self, program):
         auto, plain = predicted_peaks(program)
         peak = auto + self.plain_share * (plain - auto)
-        return math.ceil((program.variable_bytes() + peak) / (1 - BUDGET_HEADROOM))
+        return math.ceil((program.variable_bytes() + peak) / (1 - planner.HEADROOM))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ with tf.Graph().as_default():
     step = models.build_train_step(**SHAPE)
     with tf.compat.v1.Session() as sess:
         sess.run(step.init_op)
-        costs = ome.profile(sess, step.train_op, step.feed_dict, steps=1)
+        costs = ome.profile(sess, step.train_op, step.feed_dict)
 print(costs, flush=True)
 for budget_mib in map(int, sys.argv[1:]):
     chosen = {}
