@@ -91,7 +91,7 @@ def recomputable(op):
         return False, f"{op.type} is control flow: ome keeps its outputs"
     if calls_functions(op):
         return False, f"{op.type} calls a function: ome keeps its outputs"
-    if any(t.dtype._is_ref_dtype or t.dtype in _STATE_DTYPES for t in op.inputs):  # pylint: disable=protected-access
+    if any(tfprivate.is_ref_dtype(t.dtype) or t.dtype in _STATE_DTYPES for t in op.inputs):
         return False, f"{op.type} reads a variable: the value could change before a copy ran"
     if any(t.dtype in _STATE_DTYPES for t in op.outputs):
         return False, f"{op.type} makes a resource or variant: ome keeps it"
@@ -102,7 +102,7 @@ def _is_persistent(op):
     if op.type in PERSISTENT_OPS:
         return True
     # A reference variable's read (``Identity`` of a ref) aliases the variable.
-    return op.type == "Identity" and op.inputs and op.inputs[0].dtype._is_ref_dtype  # pylint: disable=protected-access
+    return op.type == "Identity" and op.inputs and tfprivate.is_ref_dtype(op.inputs[0].dtype)
 
 
 def upstream_ops(tensors, stop=frozenset()):

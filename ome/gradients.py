@@ -13,7 +13,7 @@ import time
 import tensorflow as tf
 
 from ome import capture as capture_mod
-from ome import errors, host, optimal, planner, rewrite, select, transformer
+from ome import errors, host, optimal, planner, rewrite, select, tfprivate, transformer
 from ome.costs import STATIC, CostModel
 from ome.plans import Plan, make_plan
 from ome.schedule import Decision
@@ -50,7 +50,7 @@ def _graph_tensor(value, what):
     if isinstance(value, tf.Variable):
         graph = tf.compat.v1.get_default_graph()
         if not hasattr(value, "handle"):  # a reference variable: its ref tensor
-            return value._ref()  # pylint: disable=protected-access
+            return tfprivate.reference_tensor(value)
         handle = value.handle
         if not hasattr(handle, "graph") and hasattr(graph, "capture"):
             # Inside tf.function: the eager variable's handle enters as a capture.

@@ -20,8 +20,6 @@ import warnings
 
 import keras
 import tensorflow as tf
-# What Keras's own TensorFlow train step reports to the loss tracker under tf.distribute.
-from keras.src.losses.loss import unscale_loss_for_distribution
 
 from ome import errors, tfprivate
 from ome.gradients import gradients
@@ -141,11 +139,8 @@ class _TrainStep:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         _check_batch_known(x, self.options)
         with GradientTape(**self.options) as tape:
-            y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                       training=True)
-            model._loss_tracker.update_state(unscale_loss_for_distribution(loss),
-                                             sample_weight=tf.shape(_first_input(x))[0])
+            y_pred, loss = tfprivate.keras_forward_and_loss(
+                model, x, y, sample_weight, batch_size=tf.shape(_first_input(x))[0])
             if model.optimizer is not None:
                 loss = model.optimizer.scale_loss(loss)
         weights = model.trainable_weights
@@ -184,14 +179,8 @@ def _apply_gradients(optimizer, grads, weights):
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
     chain = [optimizer, getattr(optimizer, "inner_optimizer", None)]
-    patched = [o for o in chain if hasattr(o, "_all_reduce_sum_gradients")]
-    for each in patched:
-        each._all_reduce_sum_gradients = list  # pylint: disable=protected-access
-    try:
+    with tfprivate.keras_gradients_not_all_reduced(chain):
         optimizer.apply_gradients(zip(grads, weights))
-    finally:
-        for each in patched:
-            del each._all_reduce_sum_gradients  # pylint: disable=protected-access
     _wait_for_own_gradient(graph.get_operations()[first:], grads)
 
 

@@ -3,11 +3,24 @@
 TensorFlow has no public API to copy an op, re-point one of its inputs or add control
 inputs after creation, nor to ask an op for its creation order or control-flow context.
 ome needs each of these; they are wrapped here so that a TensorFlow upgrade that changes
-them breaks one module. ``ome.patch``'s monkeypatching of ``tf.gradients`` also lives here.
+them breaks one module. ``ome.patch``'s monkeypatching of ``tf.gradients`` also lives here,
+and so do the private hooks of Keras 3's TensorFlow train step that ``ome.keras`` mirrors
+(Keras is imported only when one of those is called).
 """
+import contextlib
 import importlib
 
 import tensorflow as tf
+
+
+def reference_tensor(variable):
+    """A TF1 reference variable's ref tensor (what ``tf.gradients`` differentiates)."""
+    return variable._ref()  # pylint: disable=protected-access
+
+
+def is_ref_dtype(dtype):
+    """Whether ``dtype`` is a TF1 reference type (the output of a reference variable)."""
+    return dtype._is_ref_dtype  # pylint: disable=protected-access
 
 
 def creation_id(op):
@@ -72,3 +85,32 @@ def restore_functions(saved):
     """Undo :func:`replace_gradients_function`."""
     for module, attr, original in saved:
         setattr(module, attr, original)
+
+
+def keras_forward_and_loss(model, x, y, sample_weight, batch_size):
+    """``(y_pred, loss)`` as Keras 3's TensorFlow ``train_step`` computes them, with the
+    loss tracker updated as there (``_call_has_training_arg``, ``_compute_loss``,
+    ``_loss_tracker``; the tracker sees the loss unscaled for distribution, weighted by
+    ``batch_size``)."""
+    from keras.src.losses.loss import unscale_loss_for_distribution  # pylint: disable=import-outside-toplevel
+    # pylint: disable=protected-access
+    y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                               training=True)
+    model._loss_tracker.update_state(unscale_loss_for_distribution(loss),
+                                     sample_weight=batch_size)
+    return y_pred, loss
+
+
+@contextlib.contextmanager
+def keras_gradients_not_all_reduced(optimizers):
+    """Within the block, each Keras optimizer of ``optimizers`` skips its private
+    ``_all_reduce_sum_gradients``: over one replica the sum is each gradient unchanged."""
+    patched = [o for o in optimizers if hasattr(o, "_all_reduce_sum_gradients")]
+    for each in patched:
+        each._all_reduce_sum_gradients = list  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        for each in patched:
+            del each._all_reduce_sum_gradients  # pylint: disable=protected-access
