@@ -12,6 +12,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
+from ome.errors import InvalidArgumentError
+
+GRADIENT_LIFETIMES = ("step", "update")
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -27,6 +31,17 @@ class CostModel:
     figures come from. ``backward_scope``: the name scope the profiled step's backward ops
     were built under (``tf.gradients``' own ``gradients``), so that a backward pass built
     under another scope (``name=`` of ``ome.gradients``) finds its ops' figures.
+    ``output_bytes``: bytes the allocator gave each output tensor, by tensor name
+    (measured; more than the static shape says: the allocator rounds a buffer up to a
+    free chunk up to twice its size, and oneDNN kernels return workspaces of no static
+    shape, such as a fused batch norm's ``reserve_space_3``). ``gradient_lifetime``: how
+    long each gradient the step returns stays allocated: ``"step"``, to the end of the
+    step (fetched, clipped by their global norm, summed by one all-reduce as Keras's own
+    optimizer does), or ``"update"``, until the variable update that reads it has run
+    (``tf.compat.v1.train`` optimizers, ``ome.keras.wrap``). ``update_delays``: with
+    ``"update"``, how many backward ops run between a gradient's producer (the key) and
+    its update: the executor runs an update when a thread is free, not at once.
+    ``ome.profile`` measures all three from the profiled step.
     """
 
     bandwidth: float = 12e9
@@ -36,6 +51,15 @@ class CostModel:
     resident_bytes: Optional[int] = None
     source: str = "static defaults"
     backward_scope: str = "gradients"
+    output_bytes: Dict[str, int] = field(default_factory=dict)
+    gradient_lifetime: str = "step"
+    update_delays: Dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.gradient_lifetime not in GRADIENT_LIFETIMES:
+            raise InvalidArgumentError(
+                f"gradient_lifetime must be one of {GRADIENT_LIFETIMES}, got "
+                f"{self.gradient_lifetime!r}")
 
     def in_scope(self, scope):
         """This model with the figures of backward ops re-keyed from ``backward_scope`` to
@@ -48,7 +72,10 @@ class CostModel:
             return {new + k[len(old):] if k.startswith(old) else k: v for k, v in table.items()}
 
         return dataclasses.replace(self, op_seconds=rekey(self.op_seconds),
-                                   temporaries=rekey(self.temporaries), backward_scope=scope)
+                                   temporaries=rekey(self.temporaries),
+                                   output_bytes=rekey(self.output_bytes),
+                                   update_delays=rekey(self.update_delays),
+                                   backward_scope=scope)
 
     def seconds(self, view, op):
         """Seconds one run of forward op ``op`` (a name in ``view``) takes."""
@@ -61,6 +88,14 @@ class CostModel:
         """Bytes of scratch memory ``op``'s kernel holds while it runs."""
         return self.temporaries.get(op, 0)
 
+    def update_delay(self, op):
+        """Backward ops that run after ``op`` makes a gradient before its update frees it."""
+        return self.update_delays.get(op, 0)
+
+    def sized(self, view):
+        """``view`` with its tensors' bytes as measured (``output_bytes``), where known."""
+        return view.with_bytes(self.output_bytes) if self.output_bytes else view
+
     def transfer_seconds(self, nbytes):
         """Seconds one host<->device copy of ``nbytes`` takes."""
         return nbytes / self.bandwidth
@@ -71,7 +106,8 @@ class CostModel:
         return (f"CostModel({self.source}: {self.bandwidth / 1e9:.2f} GB/s host link, "
                 f"{len(self.op_seconds)} op times, {len(self.temporaries)} ops with scratch "
                 f"memory ({sum(self.temporaries.values()) / 2**20:.1f} MiB in all), "
-                f"resident {resident})")
+                f"{len(self.output_bytes)} measured tensor sizes, "
+                f"resident {resident}, gradients live to the {self.gradient_lifetime})")
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -202,6 +202,7 @@ def make_policy_plan(view, options, graph):
     variables)."""
     resident = options.model.resident_bytes
     static_bytes = _static_bytes(graph) if resident is None else resident
+    view = options.model.sized(view)
     if options.budget is not None:
         return planner.fit_budget(
             view, options.budget, host_device=options.host_device, model=options.model,

@@ -183,6 +183,15 @@ class GraphView:
         return (f"GraphView({len(self.forward)} forward ops, {len(self.backward)} backward "
                 f"ops, {len(self.tensors)} tensors)")
 
+    def with_bytes(self, sizes):
+        """This view with the bytes of the tensors named in ``sizes`` replaced (persistent
+        tensors keep theirs): a profile's measured allocations."""
+        tensors = {name: dataclasses.replace(info, bytes=sizes[name])
+                   if name in sizes and not info.persistent else info
+                   for name, info in self.tensors.items()}
+        return GraphView(self.ops, tensors, self.forward, self.backward, self.xs, self.ys,
+                         self.grads, self.seeds)
+
     # -- plain data ---------------------------------------------------------------------
     def to_dict(self):
         return {"ops": [dataclasses.asdict(o) for o in self.ops.values()],

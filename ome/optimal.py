@@ -12,6 +12,7 @@ fits. The formulation is in docs/ALGORITHM.md, section "Optimal planner".
 
 Pure Python over a :class:`ome.graphview.GraphView`; it never imports TensorFlow.
 """
+import bisect
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -254,13 +255,28 @@ class _Problem:
         # first main op it feeds.
         self.deferred = {e: self.need[e] for e in self.early}
 
+    def _update_events(self):
+        """For each gradient: the event after which its update frees it,
+        ``update_delay`` backward ops after its producer (as the simulator replays it)."""
+        view, at = self.view, self.at
+        backward = sorted(at[op] for op in view.backward if op in at)
+        updated = {}
+        for g in view.grads:
+            if g:
+                producer = view.tensors[g].op
+                index = bisect.bisect_left(backward, at[producer]) + \
+                    self.model.update_delay(producer)
+                updated[g] = backward[min(index, len(backward) - 1)] if backward else at[producer]
+        return updated
+
     def _base_curve(self):
         """Bytes live at each event of the plain replay in buffers no decision changes:
         every tensor over its life, the variable ones only to their last forward read.
         Views share their input's buffer and element-wise ops write into an input they
         are the last reader of, as in the simulator."""
         view, at = self.view, self.at
-        fetched = set(view.ys) | {g for g in view.grads if g}
+        fetched = simulate.held_to_end(view, self.model)
+        updated = self._update_events() if self.model.gradient_lifetime == "update" else {}
         changing = set(self.variable) | set(self.held)
         end, root = {}, {}
         for t, info in view.tensors.items():
@@ -269,6 +285,8 @@ class _Problem:
                 max(readers, default=at[info.op])
             if t in fetched:
                 end[t] = self.events - 1
+            elif t in updated:
+                end[t] = max(end[t], updated[t])
         start, stop, size = {}, {}, {}
         for op in sorted(view.ops, key=at.__getitem__):
             for t in view.ops[op].outputs:

@@ -9,6 +9,7 @@ the model once with ``tf.gradients`` (or any ome plan), profile it, then plan a 
 built the same way with ``cost_model=``: op names match because ome builds its backward
 pass under the same ``gradients`` name scope as ``tf.gradients``.
 """
+import bisect
 import collections
 import statistics
 
@@ -40,13 +41,21 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     -------
     CostModel
         ``op_seconds``, ``temporaries`` (scratch bytes by op name), ``resident_bytes``
-        (allocated after the steps) and ``bandwidth``; ``source`` names the device.
+        (allocated after the steps), ``output_bytes`` (each output's allocation, the
+        largest of the steps) and ``bandwidth``; ``source`` names the device.
+        ``gradient_lifetime`` is ``"update"`` when each gradient of the backward pass is
+        read only by an update of its own (:func:`_gradient_updates`), and then
+        ``update_delays`` holds how many backward ops ran before each update (the most
+        of the steps).
     """
     steps = _check_count("steps", steps, minimum=1)
     stats_device = _stats_device(device)
     _memory_stats(stats_device)
     _run(session, fetches, feed_dict, phase="warm-up")
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(int)
+    sizes = collections.defaultdict(int)
+    updates = _gradient_updates(session.graph, fetches)
+    delays = collections.defaultdict(list)
     for _ in range(steps):
         metadata = tf.compat.v1.RunMetadata()
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
@@ -55,6 +64,10 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         for node, node_seconds, node_scratch in _node_costs(metadata, stats_device):
             seconds[node].append(node_seconds)
             scratch[node] = max(scratch[node], node_scratch)
+        for tensor, nbytes in _output_bytes(metadata, stats_device):
+            sizes[tensor] = max(sizes[tensor], nbytes)
+        for producer, delay in _update_delays(metadata, updates or {}).items():
+            delays[producer].append(delay)
     resident = _memory_stats(stats_device)["current"]
     if not seconds:
         raise InvalidArgumentError(
@@ -62,12 +75,29 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     extra = {}
     if host_device is not None:
         extra["bandwidth"] = host.measure_bandwidth(host_device)
+    if updates is not None:
+        extra["gradient_lifetime"] = "update"
+        extra["update_delays"] = {op: max(d) for op, d in delays.items()}
     return CostModel(
         op_seconds={node: statistics.median(times) for node, times in seconds.items()},
         temporaries={node: size for node, size in scratch.items()
                      if size >= MIN_SCRATCH_BYTES},
-        resident_bytes=int(resident),
+        resident_bytes=int(resident), output_bytes=dict(sizes),
         source=f"profiled on {stats_device}, median of {steps} traced steps", **extra)
+
+
+def _output_bytes(run_metadata, stats_device):
+    """``(tensor name, bytes allocated for it)`` for each output the step made on the
+    device."""
+    wanted = "/device:" + stats_device
+    for device_stats in run_metadata.step_stats.dev_stats:
+        if _short_device(device_stats.device) != wanted:
+            continue
+        for node in device_stats.node_stats:
+            for output in node.output:
+                nbytes = output.tensor_description.allocation_description.allocated_bytes
+                if nbytes > 0:
+                    yield f"{node.node_name}:{output.slot}", nbytes
 
 
 def _node_costs(run_metadata, stats_device):
@@ -84,3 +114,61 @@ def _node_costs(run_metadata, stats_device):
                           for o in node.output)
             peak = sum(m.peak_bytes for m in node.memory)
             yield name, node.all_end_rel_micros / 1e6, max(0, peak - outputs)
+
+
+def _gradient_updates(graph, fetches, scope="gradients"):
+    """``{gradient producer op name: its readers' names}`` if the step frees each gradient
+    once its own variable update has read it, else None.
+
+    The gradients are the outputs of the backward pass (ops under ``scope``) that no
+    backward op reads. They are freed by their updates when none is fetched and each op
+    reading one depends on no other gradient and waits for no other backward op: a
+    ``tf.compat.v1.train`` optimizer's per-variable update. An all-reduce, a clip by the
+    global norm or a control dependency on the backward pass holds them all to the end
+    of the step (None), as does a step with no backward pass.
+    """
+    prefix = scope + "/"
+    backward = {op for op in graph.get_operations() if op.name.startswith(prefix)}
+    grads = {t for op in backward for t in op.outputs
+             if t.consumers() and not any(r in backward for r in t.consumers())}
+    fetched = {getattr(f, "name", f) for f in tf.nest.flatten(fetches)}
+    if not grads or any(t.name in fetched for t in grads):
+        return None
+    # Which gradients (or backward ops, by control input) each later op depends on; three
+    # are as good as many. Creation order is a topological order.
+    depends = {}
+    for op in graph.get_operations():
+        if op in backward:
+            continue
+        found = set()
+        for t in op.inputs:
+            found |= {t.name} if t in grads else depends.get(t.op, set())
+        for c in op.control_inputs:
+            found |= {c.name} if c in backward else depends.get(c, set())
+        depends[op] = set(sorted(found)[:3])
+    updates = collections.defaultdict(set)
+    for grad in grads:
+        own = {grad.name, grad.op.name}
+        for reader in grad.consumers():
+            if depends[reader] - own:
+                return None
+            updates[grad.op.name].add(reader.name)
+    return dict(updates)
+
+
+def _update_delays(run_metadata, updates, scope="gradients"):
+    """``{gradient producer: backward ops that started between its end and the start of
+    its last reader}`` in one traced step."""
+    start, end = {}, {}
+    for device_stats in run_metadata.step_stats.dev_stats:
+        for node in device_stats.node_stats:
+            start[node.node_name] = node.all_start_micros
+            end[node.node_name] = node.all_start_micros + node.all_end_rel_micros
+    backward_starts = sorted(t for name, t in start.items() if name.startswith(scope + "/"))
+    delays = {}
+    for producer, readers in updates.items():
+        ran = [start[r] for r in readers if r in start]
+        if producer in end and ran:
+            delays[producer] = bisect.bisect_left(backward_starts, max(ran)) - \
+                bisect.bisect_left(backward_starts, end[producer])
+    return delays

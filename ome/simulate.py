@@ -6,8 +6,12 @@ them. A tensor's buffer is allocated when its op runs and freed when its last re
 the replay has run, the way TensorFlow's executor frees by reference count. Views of a
 buffer (``Identity``, ``Reshape``...) share it; element-wise ops reuse an input buffer that
 they are the last reader of, as TensorFlow's kernels do. Memory held across steps
-(variables, feeds, constants) is not counted: ``static_bytes`` callers add it. Fetched
-tensors (``ys``, the gradients) stay to the end. A cost model with measured scratch
+(variables, feeds, constants) is not counted: ``static_bytes`` callers add it. ``ys``
+stay to the end, and so do the gradients unless the cost model says each is freed by its
+variable update (``CostModel.gradient_lifetime``), which runs after as many backward ops
+as the profile saw run first (``CostModel.update_delays``); an update of a variable whose
+value a backward op has still to read writes a new buffer (copy-on-write), and the old
+one stays until that read. A cost model with measured scratch
 memory (``ome.profile``) adds each kernel's scratch bytes while it runs. It is a prediction for planning;
 ``ome.measure`` is the judge.
 """
@@ -59,7 +63,15 @@ def simulate(view, plan, model=STATIC):
     for reader_reads in reads.values():
         for key in reader_reads:
             remaining[key] = remaining.get(key, 0) + 1
-    fetched = set(view.ys) | {g for g in view.grads if g}
+    fetched = held_to_end(view, model)
+    updated = {} if model.gradient_lifetime == "step" else \
+        {g: model.update_delay(view.tensors[g].op) for g in view.grads if g}
+    variable_of = {g: x for g, x in zip(view.grads, view.xs)
+                   if g in updated and view.tensors[x].persistent}
+    copies = {}  # variable read -> bytes of the new value its update made, until read
+    backward = set(view.backward)
+    backward_done = 0
+    updates = []  # (backward ops run when it runs, the gradient's key), in replay order
     buffers: Dict[str, _Buffer] = {}
     owner: Dict[str, str] = {}  # tensor key -> buffer id
     live = host = peak = 0
@@ -89,14 +101,28 @@ def simulate(view, plan, model=STATIC):
                                            and kind == "op")
                     live += size
             owner[key] = buffer_id
+            if kind == "op" and tensor in updated:
+                buffers[buffer_id].readers += 1  # its update's read
+                updates.append((backward_done + updated[tensor], key))
         running = live + (model.scratch(name) if kind in ("op", "copy") else 0)
         if running > peak:
             peak, peak_at = running, name
-        for key in inputs:
+        if kind == "op" and name in backward:
+            backward_done += 1
+        due = [key for done, key in updates if done <= backward_done]
+        updates = [(done, key) for done, key in updates if done > backward_done]
+        for key in due:  # an update of a variable backprop still reads copies it first
+            x = variable_of.get(key)
+            if x in owner and buffers[owner[x]].readers > 0:
+                copies[x] = view.tensors[x].bytes or 0
+                live += copies[x]
+        for key in inputs + due:
             buffer = buffers.get(owner.get(key))
             if buffer is None:
                 continue
             buffer.readers -= 1
+            if buffer.readers <= 0 and key in copies:
+                live -= copies.pop(key)
             if buffer.readers <= 0 and not buffer.pinned:
                 live -= buffer.size
                 buffer.size = 0
@@ -109,6 +135,15 @@ def simulate(view, plan, model=STATIC):
     swap_bytes = sum(view.tensors[s.tensor].bytes or 0 for s in sched.swaps)
     return Prediction(device_peak=peak, host_peak=host, recompute_flops=flops,
                       swap_bytes=swap_bytes, peak_at=peak_at)
+
+
+def held_to_end(view, model):
+    """Tensors the step holds to its end: the ``ys``, and the gradients unless ``model``
+    says their updates free them."""
+    held = set(view.ys)
+    if model.gradient_lifetime == "step":
+        held |= {g for g in view.grads if g}
+    return held
 
 
 def _events(view, sched):

@@ -1,4 +1,6 @@
 """ome.profile: a cost model measured from traced steps, and planning that uses it."""
+import dataclasses
+
 import pytest
 import tensorflow as tf
 
@@ -57,6 +59,40 @@ def test_a_backward_pass_under_another_name_finds_its_scratch(graph):
     _, (built, _) = ome.gradients(case.ys, case.xs, checkpoints="none", cost_model=heavy,
                                   name="elsewhere", return_info=True)
     assert built.estimates["device_peak"] == plain.estimates["device_peak"]
+
+
+@pytest.mark.parametrize("update, lifetime", [
+    ("fetch", "step"), ("momentum", "update"), ("clip_by_global_norm", "step")])
+def test_profile_finds_how_long_gradients_live(graph, update, lifetime):
+    case = graphs.mlp(layers=3, width=64, batch=8)
+    grads = tf.gradients(case.ys, case.xs)
+    if update == "momentum":
+        step = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).apply_gradients(
+            zip(grads, case.xs))
+    elif update == "clip_by_global_norm":
+        clipped, _ = tf.clip_by_global_norm(grads, 1.0)
+        step = tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+            zip(clipped, case.xs))
+    else:
+        step = grads
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        costs = ome.profile(sess, step, case.feed, steps=1)
+    assert costs.gradient_lifetime == lifetime
+    assert bool(costs.update_delays) == (lifetime == "update")
+    assert all(delay >= 0 for delay in costs.update_delays.values())
+    # Every traced output is sized, at least as large as its static shape says.
+    matmul = next(op for op in graph.get_operations() if op.type == "MatMul")
+    assert costs.output_bytes[matmul.outputs[0].name] >= 8 * 64 * 4
+    # Freed by their updates, the gradients leave the predicted peak of plain backprop.
+    plain = ome.plan(case.ys, case.xs, checkpoints="none", cost_model=costs)
+    held = ome.plan(case.ys, case.xs, checkpoints="none",
+                    cost_model=dataclasses.replace(costs, gradient_lifetime="step"))
+    weights = sum(4 * 64 * 64 for _ in case.xs)
+    if lifetime == "update":
+        assert plain.estimates["device_peak"] <= held.estimates["device_peak"] - weights // 3
+    else:
+        assert plain.estimates["device_peak"] == held.estimates["device_peak"]
 
 
 def test_bad_cost_model_and_steps_are_refused(graph):

@@ -149,3 +149,38 @@ def test_measured_scratch_memory_counts_while_its_op_runs_and_its_copies_run():
     assert simulate.simulate(view, recomputed, model).device_peak == 14 * MiB
     assert planner.added_seconds(view, recomputed, model) == 0.5
     assert CostModel.from_json(model.to_json()) == model
+
+
+def test_gradients_freed_by_their_updates_leave_the_peak():
+    # Two 1 MiB weight gradients, one made while the other exists: held to the end of the
+    # step, the first is live while the second is built; freed by its update at once, it
+    # is not; an update that waits for more backward ops than are left holds it as long.
+    forward = [("x", "Placeholder", [], 1), ("w1", "VarHandleOp", [], 1),
+               ("w2", "VarHandleOp", [], 1), ("a", "MatMul", ["x:0", "w1:0"], 1),
+               ("b", "MatMul", ["a:0", "w2:0"], 1), ("y", "Sum", ["b:0"], 1)]
+    backward = [("g_y", "Fill", [], 1), ("g_b", "BroadcastTo", ["g_y:0"], 1),
+                ("g_w2", "MatMul", ["a:0", "g_b:0"], 1), ("g_a", "MatMul", ["g_b:0", "w2:0"], 1),
+                ("g_w1", "MatMul", ["x:0", "g_a:0"], 1)]
+    view = build_view(forward, backward, xs=["w1:0", "w2:0"], ys=["y:0"],
+                      grads=["g_w1:0", "g_w2:0"], sizes={"y:0": 4, "g_y:0": 4},
+                      persistent=["x:0", "w1:0", "w2:0"])
+    plan = plan_of(view, {})
+    held = simulate.simulate(view, plan, CostModel(gradient_lifetime="step"))
+    freed = simulate.simulate(view, plan, CostModel(gradient_lifetime="update"))
+    late = simulate.simulate(view, plan, CostModel(gradient_lifetime="update",
+                                                   update_delays={"g_w1": 5, "g_w2": 5}))
+    assert held.device_peak - freed.device_peak == MiB
+    assert late.device_peak == held.device_peak
+    with pytest.raises(errors.InvalidArgumentError, match="gradient_lifetime must be one of"):
+        CostModel(gradient_lifetime="epoch")
+
+
+def test_measured_sizes_replace_the_static_ones():
+    view = chain()
+    plan = plan_of(view, {})
+    measured = CostModel(output_bytes={"a:0": 3 * MiB, "x:0": 9 * MiB})
+    sized = measured.sized(view)
+    assert sized.tensors["a:0"].bytes == 3 * MiB and view.tensors["a:0"].bytes == MiB
+    assert sized.tensors["x:0"].bytes == view.tensors["x:0"].bytes  # persistent: unchanged
+    assert simulate.simulate(sized, plan).device_peak == \
+        simulate.simulate(view, plan).device_peak + 2 * MiB
