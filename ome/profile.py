@@ -66,8 +66,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
             scratch[node] = max(scratch[node], node_scratch)
         for tensor, nbytes in _output_bytes(metadata, stats_device):
             sizes[tensor] = max(sizes[tensor], nbytes)
-        for producer, delay in _update_delays(metadata, updates or {}).items():
-            delays[producer].append(delay)
+        if updates is not None:
+            for producer, delay in _update_delays(metadata, updates).items():
+                delays[producer].append(delay)
     resident = _memory_stats(stats_device)["current"]
     if not seconds:
         raise InvalidArgumentError(
@@ -86,34 +87,34 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         source=f"profiled on {stats_device}, median of {steps} traced steps", **extra)
 
 
+def _device_nodes(run_metadata, stats_device):
+    """The step's node statistics on ``stats_device`` (its streams included)."""
+    wanted = "/device:" + stats_device
+    for device_stats in run_metadata.step_stats.dev_stats:
+        if _short_device(device_stats.device) == wanted:
+            yield from device_stats.node_stats
+
+
 def _output_bytes(run_metadata, stats_device):
     """``(tensor name, bytes allocated for it)`` for each output the step made on the
     device."""
-    wanted = "/device:" + stats_device
-    for device_stats in run_metadata.step_stats.dev_stats:
-        if _short_device(device_stats.device) != wanted:
-            continue
-        for node in device_stats.node_stats:
-            for output in node.output:
-                nbytes = output.tensor_description.allocation_description.allocated_bytes
-                if nbytes > 0:
-                    yield f"{node.node_name}:{output.slot}", nbytes
+    for node in _device_nodes(run_metadata, stats_device):
+        for output in node.output:
+            nbytes = output.tensor_description.allocation_description.allocated_bytes
+            if nbytes > 0:
+                yield f"{node.node_name}:{output.slot}", nbytes
 
 
 def _node_costs(run_metadata, stats_device):
     """``(op name, seconds, scratch bytes)`` for each op the step ran on the device."""
-    wanted = "/device:" + stats_device
-    for device_stats in run_metadata.step_stats.dev_stats:
-        if _short_device(device_stats.device) != wanted:
+    for node in _device_nodes(run_metadata, stats_device):
+        name = node.node_name.split(":")[0]
+        if name in ("_SOURCE", "_SINK"):
             continue
-        for node in device_stats.node_stats:
-            name = node.node_name.split(":")[0]
-            if name in ("_SOURCE", "_SINK"):
-                continue
-            outputs = sum(o.tensor_description.allocation_description.allocated_bytes
-                          for o in node.output)
-            peak = sum(m.peak_bytes for m in node.memory)
-            yield name, node.all_end_rel_micros / 1e6, max(0, peak - outputs)
+        outputs = sum(o.tensor_description.allocation_description.allocated_bytes
+                      for o in node.output)
+        peak = sum(m.peak_bytes for m in node.memory)
+        yield name, node.all_end_rel_micros / 1e6, max(0, peak - outputs)
 
 
 def _gradient_updates(graph, fetches, scope="gradients"):

@@ -15,6 +15,7 @@ one stays until that read. A cost model with measured scratch
 memory (``ome.profile``) adds each kernel's scratch bytes while it runs. It is a prediction for planning;
 ``ome.measure`` is the judge.
 """
+import heapq
 from dataclasses import dataclass
 from typing import Dict, List
 
@@ -71,7 +72,7 @@ def simulate(view, plan, model=STATIC):
     copies = {}  # variable read -> bytes of the new value its update made, until read
     backward = set(view.backward)
     backward_done = 0
-    updates = []  # (backward ops run when it runs, the gradient's key), in replay order
+    updates = []  # heap of (backward ops run when it runs, the gradient's key)
     buffers: Dict[str, _Buffer] = {}
     owner: Dict[str, str] = {}  # tensor key -> buffer id
     live = host = peak = 0
@@ -103,14 +104,15 @@ def simulate(view, plan, model=STATIC):
             owner[key] = buffer_id
             if kind == "op" and tensor in updated:
                 buffers[buffer_id].readers += 1  # its update's read
-                updates.append((backward_done + updated[tensor], key))
+                heapq.heappush(updates, (backward_done + updated[tensor], key))
         running = live + (model.scratch(name) if kind in ("op", "copy") else 0)
         if running > peak:
             peak, peak_at = running, name
         if kind == "op" and name in backward:
             backward_done += 1
-        due = [key for done, key in updates if done <= backward_done]
-        updates = [(done, key) for done, key in updates if done > backward_done]
+        due = []
+        while updates and updates[0][0] <= backward_done:
+            due.append(heapq.heappop(updates)[1])
         for key in due:  # an update of a variable backprop still reads copies it first
             x = variable_of.get(key)
             if x in owner and buffers[owner[x]].readers > 0:
