@@ -156,7 +156,7 @@ def _profile(spec):
         with _measurement_slot(spec.measure_lock), \
                 tf.compat.v1.Session(graph=graph, config=host.session_config()) as session:
             session.run(step.init_op)
-            return ome.profile(session, step.train_op, step.feed_dict, steps=2,
+            return ome.profile(session, step.train_op, step.feed_dict,
                                host_device=host.default_host_device())
 
 

@@ -41,7 +41,10 @@ class CostModel:
     (``tf.compat.v1.train`` optimizers, ``ome.keras.wrap``). ``update_delays``: with
     ``"update"``, how many backward ops run between a gradient's producer (the key) and
     its update: the executor runs an update when a thread is free, not at once.
-    ``ome.profile`` measures all three from the profiled step.
+    ``update_copies``: bytes the update of the gradient made by an op (the key) allocated
+    while it ran: an update writing a variable that a kernel running at the same time
+    still reads copies it first (copy-on-write), and the old value lives until that read
+    ends. ``ome.profile`` measures all four from the profiled step.
     """
 
     bandwidth: float = 12e9
@@ -54,6 +57,7 @@ class CostModel:
     output_bytes: Dict[str, int] = field(default_factory=dict)
     gradient_lifetime: str = "step"
     update_delays: Dict[str, int] = field(default_factory=dict)
+    update_copies: Dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.gradient_lifetime not in GRADIENT_LIFETIMES:
@@ -75,6 +79,7 @@ class CostModel:
                                    temporaries=rekey(self.temporaries),
                                    output_bytes=rekey(self.output_bytes),
                                    update_delays=rekey(self.update_delays),
+                                   update_copies=rekey(self.update_copies),
                                    backward_scope=scope)
 
     def seconds(self, view, op):
@@ -91,6 +96,10 @@ class CostModel:
     def update_delay(self, op):
         """Backward ops that run after ``op`` makes a gradient before its update frees it."""
         return self.update_delays.get(op, 0)
+
+    def update_copy(self, op):
+        """Bytes the update of the gradient ``op`` makes allocates while it runs."""
+        return self.update_copies.get(op, 0)
 
     def sized(self, view):
         """``view`` with its tensors' bytes as measured (``output_bytes``), where known."""

@@ -307,6 +307,8 @@ class _Problem:
         curve = np.cumsum(delta)[:-1]
         for op, i in at.items():
             curve[i] += self.model.scratch(op)
+        for g, i in updated.items():  # a copy the update makes of a variable read beside it
+            curve[i] += self.model.update_copy(view.tensors[g].op)
         return curve
 
     def _shared_buffer(self, op, tensor, root, stop):

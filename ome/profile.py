@@ -41,12 +41,13 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     -------
     CostModel
         ``op_seconds``, ``temporaries`` (scratch bytes by op name), ``resident_bytes``
-        (allocated after the steps), ``output_bytes`` (each output's allocation, the
+        (allocated between steps, the most after any of them), ``output_bytes`` (each output's allocation, the
         largest of the steps) and ``bandwidth``; ``source`` names the device.
         ``gradient_lifetime`` is ``"update"`` when each gradient of the backward pass is
         read only by an update of its own (:func:`_gradient_updates`), and then
         ``update_delays`` holds how many backward ops ran before each update (the most
-        of the steps).
+        of the steps) and ``update_copies`` the bytes each update allocated (a variable
+        copied because a kernel still read it; the most of the steps).
     """
     steps = _check_count("steps", steps, minimum=1)
     stats_device = _stats_device(device)
@@ -56,6 +57,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     sizes = collections.defaultdict(int)
     updates = _gradient_updates(session.graph, fetches)
     delays = collections.defaultdict(list)
+    resident = 0
     for _ in range(steps):
         metadata = tf.compat.v1.RunMetadata()
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
@@ -69,7 +71,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         if updates is not None:
             for producer, delay in _update_delays(metadata, updates).items():
                 delays[producer].append(delay)
-    resident = _memory_stats(stats_device)["current"]
+        # what stays allocated varies from step to step (a variable copied by its update
+        # moves to whatever free chunk the allocator hands out): the most of the steps
+        resident = max(resident, _memory_stats(stats_device)["current"])
     if not seconds:
         raise InvalidArgumentError(
             f"the traced step ran no op on {stats_device}; pass device= the step runs on")
@@ -79,6 +83,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     if updates is not None:
         extra["gradient_lifetime"] = "update"
         extra["update_delays"] = {op: max(d) for op, d in delays.items()}
+        copies = {producer: max(scratch.get(r, 0) for r in readers)
+                  for producer, readers in updates.items()}
+        extra["update_copies"] = {op: n for op, n in copies.items() if n >= MIN_SCRATCH_BYTES}
     return CostModel(
         op_seconds={node: statistics.median(times) for node, times in seconds.items()},
         temporaries={node: size for node, size in scratch.items()

@@ -11,7 +11,8 @@ stay to the end, and so do the gradients unless the cost model says each is free
 variable update (``CostModel.gradient_lifetime``), which runs after as many backward ops
 as the profile saw run first (``CostModel.update_delays``); an update of a variable whose
 value a backward op has still to read writes a new buffer (copy-on-write), and the old
-one stays until that read. A cost model with measured scratch
+one stays until that read. An update the profile saw copy its variable for a kernel
+running beside it (``CostModel.update_copies``) holds the copy while it runs. A cost model with measured scratch
 memory (``ome.profile``) adds each kernel's scratch bytes while it runs. It is a prediction for planning;
 ``ome.measure`` is the judge.
 """
@@ -67,9 +68,9 @@ def simulate(view, plan, model=STATIC):
     fetched = held_to_end(view, model)
     updated = {} if model.gradient_lifetime == "step" else \
         {g: model.update_delay(view.tensors[g].op) for g in view.grads if g}
-    variable_of = {g: x for g, x in zip(view.grads, view.xs)
-                   if g in updated and view.tensors[x].persistent}
-    copies = {}  # variable read -> bytes of the new value its update made, until read
+    reads_of = variable_reads(view)
+    variable_of = {g: x for g, x in zip(view.grads, view.xs) if g in updated and reads_of.get(x)}
+    copies = {}  # variable -> (bytes of the new value its update made, the old value's reads)
     backward = set(view.backward)
     backward_done = 0
     updates = []  # heap of (backward ops run when it runs, the gradient's key)
@@ -113,21 +114,27 @@ def simulate(view, plan, model=STATIC):
         due = []
         while updates and updates[0][0] <= backward_done:
             due.append(heapq.heappop(updates)[1])
-        for key in due:  # an update of a variable backprop still reads copies it first
+        for key in due:  # an update of a variable whose value is still to be read copies it
             x = variable_of.get(key)
-            if x in owner and buffers[owner[x]].readers > 0:
-                copies[x] = view.tensors[x].bytes or 0
-                live += copies[x]
+            waiting = [r for r in reads_of.get(x, ()) if r in owner and
+                       buffers[owner[r]].readers > 0]
+            if waiting and x not in copies:
+                copies[x] = (view.tensors[waiting[0]].bytes or 0, waiting)
+                live += copies[x][0]
+            elif live + model.update_copy(view.tensors[key].op) > peak:
+                # the profile saw this update copy for a reader running beside it
+                peak, peak_at = live + model.update_copy(view.tensors[key].op), name
         for key in inputs + due:
             buffer = buffers.get(owner.get(key))
             if buffer is None:
                 continue
             buffer.readers -= 1
-            if buffer.readers <= 0 and key in copies:
-                live -= copies.pop(key)
             if buffer.readers <= 0 and not buffer.pinned:
                 live -= buffer.size
                 buffer.size = 0
+        for x in [x for x, (_, waiting) in copies.items()
+                  if all(buffers[owner[r]].readers <= 0 for r in waiting)]:
+            live -= copies.pop(x)[0]  # the old value's last read has run
         for key in _outputs(view, kind, name):  # nothing reads it: freed at once
             buffer = buffers.get(owner.get(key))
             if buffer is not None and buffer.readers <= 0 and not buffer.pinned:
@@ -146,6 +153,23 @@ def held_to_end(view, model):
     if model.gradient_lifetime == "step":
         held |= {g for g in view.grads if g}
     return held
+
+
+def variable_reads(view):
+    """``{variable: the tensors holding its value}``: a reference variable's own output,
+    or a resource variable's ``ReadVariableOp`` outputs (which share the variable's buffer
+    until an update writes it)."""
+    reads = {}
+    for x in view.xs:
+        info = view.tensors[x]
+        if not info.persistent:
+            continue
+        if view.ops[info.op].type == "VarHandleOp":
+            reads[x] = [t for c in view.consumers[x] if view.ops[c].type == "ReadVariableOp"
+                        for t in view.ops[c].outputs]
+        else:
+            reads[x] = [x]
+    return reads
 
 
 def _events(view, sched):

@@ -95,6 +95,26 @@ def test_profile_finds_how_long_gradients_live(graph, update, lifetime):
         assert plain.estimates["device_peak"] == held.estimates["device_peak"]
 
 
+def test_profile_measures_the_copy_an_update_makes_of_a_variable_still_read(graph):
+    """Fetching a weight's forward read holds its value to the end of the step, so that
+    weight's update must copy the variable first (copy-on-write)."""
+    case = graphs.mlp(layers=3, width=256, batch=8)
+    grads = tf.gradients(case.ys, case.xs)
+    step = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).apply_gradients(zip(grads, case.xs))
+    first = next(op for op in graph.get_operations() if op.type == "MatMul")
+    held = first.inputs[1]
+    assert held.op.type == "ReadVariableOp"
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        free = ome.profile(sess, step, case.feed, steps=2)
+        copied = ome.profile(sess, [step, held], case.feed, steps=2)
+    # Backprop never reads the first weight (no gradient flows to the input), so only
+    # the fetch makes its update copy.
+    assert free.gradient_lifetime == copied.gradient_lifetime == "update"
+    assert free.update_copy(grads[0].op.name) == 0
+    assert copied.update_copy(grads[0].op.name) >= 256 * 256 * 4
+
+
 def test_bad_cost_model_and_steps_are_refused(graph):
     case = graphs.tanh_chain(layers=3)
     with pytest.raises(errors.InvalidTypeError, match="cost_model must be an ome.CostModel"):
