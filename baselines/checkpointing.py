@@ -33,6 +33,7 @@ def openai(loss, variables, *, checkpoints="memory", batch_size=None, cost_model
     timer = Timer(graph_of(loss))
     grads, (plan, info) = ome.gradients(loss, variables, checkpoints=checkpoints,
                                         batch_size=batch_size, cost_model=cost_model,
+                                        hold_gradients=False,  # ome's own addition
                                         return_info=True, name="openai_gradients")
     return Built(grads=grads, info=_facts(f"openai-{checkpoints}", plan, info, timer))
 

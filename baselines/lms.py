@@ -107,7 +107,8 @@ def lms(loss, variables, *, n_tensors=-1, lb=None, ub=10000, starting_scope=None
               _SYNC_MODES[options.sync_mode])
     grads, (plan, info) = ome.gradients(
         loss, variables, checkpoints=lambda view: policy(view, options, host_device),
-        batch_size=batch_size, cost_model=cost_model, return_info=True, name="lms_gradients")
+        batch_size=batch_size, cost_model=cost_model, hold_gradients=False, return_info=True,
+        name="lms_gradients")  # LMS did not hold gradients back from the optimizer
     log.info("Edited model is valid and logically equivalent to the original one")
     log.info("Added %d ops into the model", info.added_ops)
     log.info("Editing model for LMS, took: %.1f ms", (time.perf_counter() - start) * 1e3)

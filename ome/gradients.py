@@ -13,7 +13,7 @@ import time
 import tensorflow as tf
 
 from ome import capture as capture_mod
-from ome import errors, host, optimal, planner, rewrite, select, tfprivate, transformer
+from ome import errors, host, optimal, planner, plans, rewrite, select, tfprivate, transformer
 from ome.costs import STATIC, CostModel
 from ome.plans import Plan, make_plan
 from ome.schedule import Decision
@@ -109,7 +109,11 @@ class _Options:
     """The planning options of one call, validated before the graph is touched."""
 
     def __init__(self, checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                 swap_ahead, cost_model=None):
+                 swap_ahead, cost_model=None, hold_gradients=True):
+        if not isinstance(hold_gradients, bool):
+            raise errors.InvalidTypeError(
+                f"hold_gradients must be a bool, got {type(hold_gradients).__name__}")
+        self.hold_gradients = hold_gradients
         if cost_model is not None and not isinstance(cost_model, CostModel):
             raise errors.InvalidTypeError(
                 f"cost_model must be an ome.CostModel (from ome.profile), got "
@@ -204,9 +208,9 @@ def make_policy_plan(view, options, graph):
     static_bytes = _static_bytes(graph) if resident is None else resident
     view = options.model.sized(view)
     if options.budget is not None:
-        return planner.fit_budget(
+        return _held(view, planner.fit_budget(
             view, options.budget, host_device=options.host_device, model=options.model,
-            static_bytes=static_bytes, pins=options.pins)
+            static_bytes=static_bytes, pins=options.pins), options, static_bytes)
     if callable(options.checkpoints):
         plan = options.checkpoints(view)
         if not isinstance(plan, Plan):
@@ -238,9 +242,17 @@ def make_policy_plan(view, options, graph):
                          plan.policy, checkpoints=plan.checkpoints,
                          host_device=options.host_device, swap_ahead=options.swap_ahead)
     plan = planner.with_predictions(view, plan, options.model, static_bytes)
-    if options.user_decided():
+    if not options.user_decided():
+        plan = _no_worse_than_plain(view, plan, options.model, static_bytes)
+    return _held(view, plan, options, static_bytes)
+
+
+def _held(view, plan, options, static_bytes):
+    """``plan`` with its gradients held (``hold_gradients``), predicted again."""
+    if not options.hold_gradients or plan.changes_nothing():
         return plan
-    return _no_worse_than_plain(view, plan, options.model, static_bytes)
+    return planner.with_predictions(view, plans.with_gradient_holds(view, plan),
+                                    options.model, static_bytes)
 
 
 def _no_worse_than_plain(view, plan, model, static_bytes):
@@ -314,12 +326,13 @@ def _tf_options(gate_gradients, aggregation_method, stop_gradients, unconnected_
 
 @tf.autograph.experimental.do_not_convert  # plain Python graph code, also in tf.function
 def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None, swap=False,
-         host_device=None, memory_budget=None, swap_ahead=1, cost_model=None):
+         host_device=None, memory_budget=None, swap_ahead=1, cost_model=None,
+         hold_gradients=True):
     """The :class:`Plan` ``ome.gradients`` would follow, computed on a copy of the graph
     (the graph itself is never touched)."""
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                       swap_ahead, cost_model)
+                       swap_ahead, cost_model, hold_gradients)
     if _calls_functions(capture_mod.upstream_ops(ys)):
         raise errors.UnsupportedGraphError(
             "ome.plan cannot preview a graph with functional control flow (tf.while_loop, "
@@ -337,7 +350,7 @@ def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None,
 def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
               aggregation_method=None, stop_gradients=None, unconnected_gradients="none", *,
               checkpoints="auto", pin=None, batch_size=None, swap=False, host_device=None,
-              memory_budget=None, swap_ahead=1, cost_model=None,
+              memory_budget=None, swap_ahead=1, cost_model=None, hold_gradients=True,
               colocate_gradients_with_ops=None, return_info=False):
     """Gradients of ``ys`` w.r.t. ``xs``, equal to ``tf.gradients``, in less memory.
 
@@ -367,6 +380,10 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     cost_model : an :class:`ome.CostModel` measured by :func:`ome.profile` on a step built
         the same way: planning then uses measured op times, kernel scratch memory and the
         memory resident between steps (default: static estimates).
+    hold_gradients : when the plan recomputes or swaps, each variable's gradient is
+        returned through an identity that waits for the backward ops (and copies) reading
+        the variable's value, so an optimizer update never finds a read still to come and
+        never has to copy the variable first (default True; the values are the same).
     return_info : also return ``(plan, RewriteInfo)``.
 
     Example
@@ -378,7 +395,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
                              unconnected_gradients, colocate_gradients_with_ops)
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                       swap_ahead, cost_model)
+                       swap_ahead, cost_model, hold_gradients)
     graph = ys[0].graph
     scope = graph.unique_name(name or "gradients", False)
     options.model = options.model.in_scope(scope)
@@ -396,6 +413,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     chosen = make_policy_plan(view, options, graph)
     info = _apply(chosen, view, graph, scope)
     info.backward_ops = backward_ops
+    grads = _returned(grads, info.held)
     _log(chosen, info, time.perf_counter() - start)
     if return_info:
         return grads, (chosen, info)
@@ -439,8 +457,21 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None
     grads, view, _ = _build_and_capture(ys, xs, grad_ys, scope, batch_size, {})
     rebuilt = make_plan(view, decisions, reasons, saved.policy, checkpoints=saved.checkpoints,
                         host_device=saved.host_device, swap_ahead=saved.schedule.swap_ahead)
-    _apply(rebuilt, view, graph, scope)
-    return grads
+    if saved.schedule.holds:
+        rebuilt = plans.with_gradient_holds(view, rebuilt)
+    return _returned(grads, _apply(rebuilt, view, graph, scope).held)
+
+
+def _returned(grads, held):
+    """``grads`` with each held gradient replaced by its held identity."""
+    out = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices) and g.values.name in held:
+            g = tf.IndexedSlices(held[g.values.name], g.indices, g.dense_shape)
+        elif isinstance(g, tf.Tensor) and g.name in held:
+            g = held[g.name]
+        out.append(g)
+    return out
 
 
 def _log(chosen, info, seconds):

@@ -165,4 +165,17 @@ def explain(plan, *, include_kept=True):
                      f"{len(g.boundaries)} boundaries, for {len(g.outputs)} tensors")
     for s in sched.swaps:
         lines.append(f"swap {s.tensor}: back after {s.after}, for {len(s.readers)} readers")
+    if sched.holds:
+        lines.append(f"{len(sched.holds)} gradients held until the backward reads of their "
+                     "variables (their updates copy no variable)")
     return "\n".join(lines)
+
+
+def with_gradient_holds(view, plan):
+    """``plan`` whose gradients wait for the backward reads of their variables
+    (:func:`ome.schedule.gradient_holds`); a plan that changes nothing stays plain
+    ``tf.gradients``."""
+    if plan.changes_nothing():
+        return plan
+    holds = schedule_mod.gradient_holds(view, plan.schedule)
+    return replace(plan, schedule=replace(plan.schedule, holds=holds))

@@ -2,14 +2,15 @@
 
 ``build_backward`` is ``tf.gradients`` itself. ``apply`` then adds, exactly as
 ``plan.schedule`` lists them, the swap-outs and swap-ins and the copies of recomputed ops,
-and re-points each backward read of a recomputed or swapped tensor at its copy. The
+re-points each backward read of a recomputed or swapped tensor at its copy, and makes the
+held gradients (identities that wait for their variables' last reads). The
 backward ops are ``tf.gradients``' own, so gradients (and ``None`` where there is none)
 are the same as ``tf.gradients``'. Every name the schedule uses is checked before the
 first op is added. TensorFlow's private APIs are reached through ``ome.tfprivate``.
 """
 import logging
 from dataclasses import dataclass, field
-from typing import List
+from typing import Dict, List
 
 import tensorflow as tf
 
@@ -32,6 +33,7 @@ class RewriteInfo:
     rerouted: int = 0
     added_ops: int = 0  # ops added besides tf.gradients' own
     backward_ops: int = 0
+    held: Dict[str, tf.Tensor] = field(default_factory=dict)  # gradient name -> what to return
 
 
 def build_backward(ys, xs, grad_ys, *, scope, **options):
@@ -92,6 +94,7 @@ def _lookup(graph, plan, view):
     names.update(r for r, _ in sched.reroutes)
     names.update(op for op, trig in sched.deferred)
     names.update(t for _, trig in sched.deferred for t in trig)
+    names.update(op for _, waited in sched.holds for op in waited)
     found = {}
     for n in sorted(names):
         try:
@@ -104,6 +107,10 @@ def _lookup(graph, plan, view):
         if s.tensor not in view.tensors:
             raise errors.InvalidArgumentError(
                 f"the plan swaps {s.tensor!r}, which this graph does not have")
+    for g, _ in sched.holds:
+        if g not in view.tensors or g not in view.grads:
+            raise errors.InvalidArgumentError(
+                f"the plan holds gradient {g!r}, which this backward pass does not return")
     return found
 
 
@@ -131,6 +138,7 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
             info.swapped.append(s.tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
         copies = _copy_groups(graph, view, sched, ops, decisions, swapped_in)
+        info.held = _hold_gradients(graph, sched, ops, copies)
     for reader, tensor in sched.reroutes:
         replacement = swapped_in[tensor] if decisions.get(tensor) == Decision.SWAP \
             else copies[tensor]
@@ -164,3 +172,18 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
             copy = tfprivate.copy_op(original, inputs, triggers[name], name)
             copies.update(zip((t.name for t in original.outputs), copy.outputs))
     return copies
+
+
+def _hold_gradients(graph, sched, ops, copies):
+    """An identity of each held gradient that waits for the ops reading its variable's
+    value (the copies, for copied ops): ``{gradient name: identity}``."""
+    copied = set(sched.copied_ops)
+    held = {}
+    with tf.name_scope("hold"):
+        for g, waited in sched.holds:
+            grad = graph.get_tensor_by_name(g)
+            waits = [copies[ops[op].outputs[0].name].op if op in copied else ops[op]
+                     for op in waited]
+            with tf.device(grad.device), tf.control_dependencies(waits):
+                held[g] = tf.identity(grad, name="gradient")
+    return held

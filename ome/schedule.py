@@ -70,6 +70,10 @@ class Schedule:
     deferred: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (early backward op, triggers)
     reroutes: Tuple[Tuple[str, str], ...] = ()  # (backward op, forward tensor it re-reads)
     swap_ahead: int = 1
+    # (gradient, ops that read its variable's value in backprop): the gradient handed to
+    # the caller waits for them (copied ops: for their copies), so no variable update
+    # finds a read still to come and copies the variable
+    holds: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
 
     @property
     def copied_ops(self):
@@ -87,7 +91,8 @@ class Schedule:
                                   for k, v in s.items()}) for s in data["swaps"]),
             deferred=tuple((op, tuple(t)) for op, t in data["deferred"]),
             reroutes=tuple((op, t) for op, t in data["reroutes"]),
-            swap_ahead=data["swap_ahead"])
+            swap_ahead=data["swap_ahead"],
+            holds=tuple((g, tuple(ops)) for g, ops in data.get("holds", ())))
 
 
 @dataclass(frozen=True, order=True)
@@ -357,3 +362,49 @@ def _ahead(view, triggers, hops):
             break
         frontier = parents
     return tuple(sorted(frontier))
+
+
+def variable_reads(view):
+    """``{variable: the tensors holding its value}``: a reference variable's own output,
+    or a resource variable's ``ReadVariableOp`` outputs (which share the variable's buffer
+    until an update writes it)."""
+    reads = {}
+    for x in view.xs:
+        info = view.tensors.get(x)
+        if info is None or not info.persistent:
+            continue  # not a variable, or not connected to the ys
+        if info.dtype == "resource" or view.ops[info.op].type == "VarHandleOp":
+            # a resource variable's handle (a placeholder when captured by a tf.function)
+            reads[x] = [t for c in view.consumers[x] if view.ops[c].type == "ReadVariableOp"
+                        for t in view.ops[c].outputs]
+        else:
+            reads[x] = [x]
+    return reads
+
+
+def gradient_holds(view, sched):
+    """:attr:`Schedule.holds` for ``sched``: each variable's gradient waits for the
+    backward ops and copies that read the variable's value.
+
+    An optimizer updating a variable while a kernel still reads its value (the executor
+    runs a weight's ``Conv2DBackpropFilter`` and ``Conv2DBackpropInput`` at once; a copy
+    of a recomputed conv reads its weight late) must copy the variable first
+    (copy-on-write), and the old value stays until that read ends: on ResNet-50 at batch
+    16, 112x112 the held gradients measured about 30 MiB less at the peak.
+    """
+    copied = set(sched.copied_ops)
+    backward = set(view.backward)
+    reads = variable_reads(view)
+    holds = []
+    for x, g in zip(view.xs, view.grads):
+        if g is None:
+            continue
+        readers = set()
+        for r in reads.get(x, ()):
+            for reader in view.consumers[r]:
+                if reader in backward or reader in copied:
+                    readers.add(reader)
+        readers.discard(view.tensors[g].op)
+        if readers:
+            holds.append((g, tuple(sorted(readers))))
+    return tuple(holds)

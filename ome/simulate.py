@@ -12,7 +12,9 @@ variable update (``CostModel.gradient_lifetime``), which runs after as many back
 as the profile saw run first (``CostModel.update_delays``); an update of a variable whose
 value a backward op has still to read writes a new buffer (copy-on-write), and the old
 one stays until that read. An update the profile saw copy its variable for a kernel
-running beside it (``CostModel.update_copies``) holds the copy while it runs. A cost model with measured scratch
+running beside it (``CostModel.update_copies``) holds the copy while it runs. A held
+gradient (``Schedule.holds``) starts its update's delay only once the ops it waits for
+have run, and its update copies nothing. A cost model with measured scratch
 memory (``ome.profile``) adds each kernel's scratch bytes while it runs. It is a prediction for planning;
 ``ome.measure`` is the judge.
 """
@@ -68,9 +70,11 @@ def simulate(view, plan, model=STATIC):
     fetched = held_to_end(view, model)
     updated = {} if model.gradient_lifetime == "step" else \
         {g: model.update_delay(view.tensors[g].op) for g in view.grads if g}
-    reads_of = variable_reads(view)
+    reads_of = schedule_mod.variable_reads(view)
     variable_of = {g: x for g, x in zip(view.grads, view.xs) if g in updated and reads_of.get(x)}
     copies = {}  # variable -> (bytes of the new value its update made, the old value's reads)
+    release = _releases(view, sched, events, updated)
+    released = {}  # event index -> gradients whose update may start counting its delay there
     backward = set(view.backward)
     backward_done = 0
     updates = []  # heap of (backward ops run when it runs, the gradient's key)
@@ -78,7 +82,7 @@ def simulate(view, plan, model=STATIC):
     owner: Dict[str, str] = {}  # tensor key -> buffer id
     live = host = peak = 0
     peak_at = ""
-    for kind, name in events:
+    for index, (kind, name) in enumerate(events):
         inputs = reads.get((kind, name), [])
         for key in _outputs(view, kind, name):
             tensor = key.split("@", 1)[-1]
@@ -105,7 +109,9 @@ def simulate(view, plan, model=STATIC):
             owner[key] = buffer_id
             if kind == "op" and tensor in updated:
                 buffers[buffer_id].readers += 1  # its update's read
-                heapq.heappush(updates, (backward_done + updated[tensor], key))
+                released.setdefault(max(index, release.get(tensor, index)), []).append(key)
+        for key in released.pop(index, ()):
+            heapq.heappush(updates, (backward_done + updated[key], key))
         running = live + (model.scratch(name) if kind in ("op", "copy") else 0)
         if running > peak:
             peak, peak_at = running, name
@@ -121,7 +127,7 @@ def simulate(view, plan, model=STATIC):
             if waiting and x not in copies:
                 copies[x] = (view.tensors[waiting[0]].bytes or 0, waiting)
                 live += copies[x][0]
-            elif live + model.update_copy(view.tensors[key].op) > peak:
+            elif key not in release and live + model.update_copy(view.tensors[key].op) > peak:
                 # the profile saw this update copy for a reader running beside it
                 peak, peak_at = live + model.update_copy(view.tensors[key].op), name
         for key in inputs + due:
@@ -155,21 +161,13 @@ def held_to_end(view, model):
     return held
 
 
-def variable_reads(view):
-    """``{variable: the tensors holding its value}``: a reference variable's own output,
-    or a resource variable's ``ReadVariableOp`` outputs (which share the variable's buffer
-    until an update writes it)."""
-    reads = {}
-    for x in view.xs:
-        info = view.tensors[x]
-        if not info.persistent:
-            continue
-        if view.ops[info.op].type == "VarHandleOp":
-            reads[x] = [t for c in view.consumers[x] if view.ops[c].type == "ReadVariableOp"
-                        for t in view.ops[c].outputs]
-        else:
-            reads[x] = [x]
-    return reads
+def _releases(view, sched, events, updated):
+    """``{held gradient: the event index of the last op it waits for}``
+    (:attr:`ome.schedule.Schedule.holds`)."""
+    copied = set(sched.copied_ops)
+    position = {event: i for i, event in enumerate(events)}
+    return {g: max(position[("copy" if op in copied else "op", op)] for op in ops)
+            for g, ops in sched.holds if g in updated}
 
 
 def _events(view, sched):

@@ -146,3 +146,36 @@ def test_optimizer_minimize_through_patch(graph):
         for _ in range(5):
             sess.run(train, case.feed)
         assert sess.run(case.ys[0], case.feed) < before
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_held_gradients_wait_for_their_weights_backward_reads(graph, hold):
+    """Each weight's gradient comes back through an identity that waits for the backward
+    ops reading that weight, so the optimizer's update of it never copies it (the
+    profile of such a step sees no update allocate anything); same values."""
+    case = graphs.mlp(layers=4, width=256, batch=8)
+    grads, (plan, _) = ome.gradients(case.ys, case.xs, checkpoints=case.interior,
+                                     hold_gradients=hold, return_info=True)
+    assert plan.recomputed
+    readers = {g: {c for r in x.handle.consumers() if r.type == "ReadVariableOp"
+                   for c in r.outputs[0].consumers() if c.name.startswith("gradients/")}
+               for g, x in zip(grads, case.xs)}
+    held = [g for g in grads if g.op.type == "Identity" and "/ome/hold/" in g.op.name]
+    if not hold:
+        assert not held and not plan.schedule.holds
+        return
+    # Each weight is also read by the MatMul passing the gradient to its layer's input
+    # (tf.gradients builds it for the first layer too), and by the copy of its forward
+    # MatMul where that is recomputed.
+    assert len(held) == len(plan.schedule.holds) == 4
+    assert any(c.name.startswith("gradients/ome/recompute/") for g in held
+               for c in g.op.control_inputs)
+    for g in held:
+        assert readers[g] and readers[g] <= set(g.op.control_inputs)
+    got, want = run_both(case, grads)
+    assert_same(got, want)
+    step = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).apply_gradients(zip(grads, case.xs))
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        costs = ome.profile(sess, step, case.feed, steps=3)
+    assert costs.gradient_lifetime == "update" and costs.update_copies == {}

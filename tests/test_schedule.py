@@ -4,12 +4,14 @@ Every tensor is 1 MiB unless said otherwise. A chain ``x -> a -> b -> c -> y`` w
 backward that mirrors it: ``g_y`` (the seed), then ``g_c`` reads c, ``g_b`` reads b,
 ``g_a`` reads a (like TanhGrad reading its op's output).
 """
+import dataclasses
+
 import pytest
 
 from ome import errors, planner, schedule, select, simulate
 from ome.costs import CostModel
 from ome.graphview import GraphView, build_view
-from ome.plans import make_plan
+from ome.plans import Plan, make_plan
 from ome.schedule import Decision
 
 MiB = 2**20
@@ -199,7 +201,7 @@ def resource_variables():
 
 def test_an_update_of_a_variable_still_to_be_read_copies_it_until_the_read():
     view = resource_variables()
-    assert simulate.variable_reads(view) == {"w1:0": ["r1:0"], "w2:0": ["r2:0"]}
+    assert schedule.variable_reads(view) == {"w1:0": ["r1:0"], "w2:0": ["r2:0"]}
     plan = plan_of(view, {})
     # g_w2's update runs right after it: w2's old value waits for g_a, which runs with
     # g_b (1), the copy (4) and its own output (3) live: 8 MiB (without the copy the
@@ -223,6 +225,20 @@ def test_an_update_the_profile_saw_copy_holds_the_copy_while_it_runs():
     assert copying.in_scope("other").update_copies == {"g_w1": 10 * MiB}
     none = CostModel(gradient_lifetime="update", update_copies={"g_y": 10 * MiB})
     assert simulate.simulate(view, plan, none).device_peak == 8 * MiB
+
+
+def test_a_held_gradient_waits_for_its_variables_backward_reads():
+    view = resource_variables()
+    plain = plan_of(view, {})
+    holds = schedule.gradient_holds(view, plain.schedule)
+    assert holds == (("g_w2:0", ("g_a",)),)  # w1's value is read in the forward pass only
+    held = dataclasses.replace(plain, schedule=dataclasses.replace(plain.schedule, holds=holds))
+    assert Plan.from_json(held.to_json()).schedule.holds == holds
+    # The update of g_w2 waits for g_a: g_w2 is live there (g_b + g_w2 + g_a = 8 MiB), and
+    # nothing is copied, whatever the profile saw updates copy beside a running reader.
+    model = CostModel(gradient_lifetime="update", update_copies={"g_w2": 100 * MiB})
+    prediction = simulate.simulate(view, held, model)
+    assert prediction.device_peak == 8 * MiB and prediction.peak_at == "g_a"
 
 
 def test_measured_sizes_replace_the_static_ones():
