@@ -19,6 +19,8 @@ grappler-heuristics    ``tf.gradients`` + Grappler HEURISTICS
 tf-recompute-grad      ``tf.recompute_grad`` around each model block (needs ``model_options``)
 ome                    ``ome.gradients`` (checkpoints="auto")
 ome-swap               ``ome.gradients(swap="auto")``
+ome-optimal            ``ome.gradients(checkpoints="optimal")`` (the MILP planner)
+ome-budget             ``ome.gradients(memory_budget=...)``
 =====================  ====================================================================
 """
 import inspect
@@ -27,8 +29,8 @@ from typing import Callable, Dict
 import ome
 from ome import errors
 
-from baselines.checkpointing import (ome_budget, ome_default, ome_swap, openai, openai_collection,
-                                     openai_memory, openai_speed)
+from baselines.checkpointing import (ome_budget, ome_default, ome_optimal, ome_swap, openai,
+                                     openai_collection, openai_memory, openai_speed)
 from baselines.core import Built, Timer, graph_of, tf_gradients
 from baselines.grappler import grappler_heuristics, grappler_recompute, grappler_swap
 from baselines.lms import lms
@@ -64,11 +66,12 @@ STRATEGIES: Dict[str, Callable[..., Built]] = {
     "tf-recompute-grad": tf_recompute_grad,
     "ome": ome_default,
     "ome-swap": ome_swap,
+    "ome-optimal": ome_optimal,
     "ome-budget": ome_budget,
 }
 
 #: Names that are another strategy with an option fixed (a benchmark runs the original).
-ALIASES = {"openai-memory": "openai", "openai-collection": "openai"}
+ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optimal": "ome"}
 
 
 def options_of(name):

@@ -32,12 +32,14 @@ STRATEGIES = {
     "tf-recompute-grad": "tf.recompute_grad around each model block",
     "ome": "ome.gradients: checkpoints='auto', recompute the rest",
     "ome-swap": "ome.gradients(swap='auto'): also move checkpoints to the host where it pays",
+    "ome-optimal": "ome.gradients(checkpoints='optimal'): the MILP planner's smallest peak, "
+                   "then the least added time at it",
     "ome-budget": "ome.gradients(memory_budget=--budget): keep, recompute or swap each tensor "
                   "to fit the budget at the least added time; runs only with --budget",
 }
 
 #: Strategies that repeat another one with an option fixed; the default sweep skips them.
-ALIASES = {"openai-memory": "openai", "openai-collection": "openai"}
+ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optimal": "ome"}
 
 #: Strategies that cannot run without a memory budget (``--budget``).
 NEEDS_BUDGET = frozenset({"ome-budget"})
