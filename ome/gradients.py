@@ -248,11 +248,19 @@ def make_policy_plan(view, options, graph):
 
 
 def _held(view, plan, options, static_bytes):
-    """``plan`` with its gradients held (``hold_gradients``), predicted again."""
+    """``plan`` with its gradients held (``hold_gradients``), predicted again; ``plan``
+    itself where holding predicts a higher peak (a gradient waiting for a read its update
+    would otherwise have run before lives longer in the replay)."""
     if not options.hold_gradients or plan.changes_nothing():
         return plan
-    return planner.with_predictions(view, plans.with_gradient_holds(view, plan),
+    held = planner.with_predictions(view, plans.with_gradient_holds(view, plan),
                                     options.model, static_bytes)
+    if held.estimates["device_peak"] > plan.estimates["device_peak"]:
+        log.info("hold_gradients: holding predicts %s against %s; gradients not held",
+                 planner.format_bytes(held.estimates["device_peak"]),
+                 planner.format_bytes(plan.estimates["device_peak"]))
+        return plan
+    return held
 
 
 def _no_worse_than_plain(view, plan, model, static_bytes):
