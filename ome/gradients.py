@@ -251,10 +251,12 @@ def _held(view, plan, options, static_bytes):
     """``plan`` with its gradients held (``hold_gradients``), predicted again; ``plan``
     itself where holding predicts a higher peak (a gradient waiting for a read its update
     would otherwise have run before lives longer in the replay)."""
-    if not options.hold_gradients or plan.changes_nothing():
+    if not options.hold_gradients:
         return plan
-    held = planner.with_predictions(view, plans.with_gradient_holds(view, plan),
-                                    options.model, static_bytes)
+    holding = plans.with_gradient_holds(view, plan)
+    if holding is plan:  # nothing to hold: no second prediction
+        return plan
+    held = planner.with_predictions(view, holding, options.model, static_bytes)
     if held.estimates["device_peak"] > plan.estimates["device_peak"]:
         log.info("hold_gradients: holding predicts %s against %s; gradients not held",
                  planner.format_bytes(held.estimates["device_peak"]),

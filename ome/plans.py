@@ -173,9 +173,9 @@ def explain(plan, *, include_kept=True):
 
 def with_gradient_holds(view, plan):
     """``plan`` whose gradients wait for the backward reads of their variables
-    (:func:`ome.schedule.gradient_holds`); a plan that changes nothing stays plain
-    ``tf.gradients``."""
+    (:func:`ome.schedule.gradient_holds`); ``plan`` itself when it changes nothing (plain
+    ``tf.gradients``) or no gradient has a backward read to wait for."""
     if plan.changes_nothing():
         return plan
     holds = schedule_mod.gradient_holds(view, plan.schedule)
-    return replace(plan, schedule=replace(plan.schedule, holds=holds))
+    return replace(plan, schedule=replace(plan.schedule, holds=holds)) if holds else plan
