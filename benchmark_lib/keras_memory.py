@@ -23,6 +23,11 @@ optimizer slots, the batch), the memory the step itself needs. Step time is the 
 of the timed steps after the warm-up ones. A variant that raises is recorded as crashed,
 with the first line of its error.
 
+``--replicas 2`` trains under ``tf.distribute.MirroredStrategy`` on two logical CPU
+devices, the batch being the global one (each replica gets half). The logical CPU devices
+share one allocator, so peak and transient are both replicas' together; each replica runs
+the same rewritten step, so the sum falls as each replica's peak does.
+
 Run ``python -m benchmark_lib.keras_memory`` (about 15 minutes on 2 cores);
 ``--models mlp --steps 5`` and ``--json results.json`` select and save. ``--explain``
 also traces one step of each variant in a TF1 session and prints the buffers alive at its
@@ -89,6 +94,10 @@ def _parse(argv):
     parser.add_argument("--mlp-batch", type=int, default=2048)
     parser.add_argument("--resnet-batch", type=int, default=32)
     parser.add_argument("--resnet-size", type=int, default=64, help="image side in pixels")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="train under MirroredStrategy on this many logical CPU devices")
+    parser.add_argument("--inter-op-threads", type=int, default=0,
+                        help="TensorFlow's inter-op threads (default 0: its own choice)")
     parser.add_argument("--ome-options", type=json.loads, default={}, metavar="JSON",
                         help='options of ome.keras.wrap, e.g. \'{"checkpoints": "memory"}\'')
     parser.add_argument("--json", help="also write the rows to this file")
@@ -98,6 +107,8 @@ def _parse(argv):
     args = parser.parse_args(argv)
     if args.steps < 5:
         parser.error("--steps must be at least 5")
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
     return args
 
 
@@ -115,11 +126,13 @@ def _run_child(args, model, variant):
     spec = {"model": model, "variant": variant, "steps": args.steps, "warmup": args.warmup,
             "batch": args.mlp_batch if model == "mlp" else args.resnet_batch,
             "size": args.resnet_size, "ome_options": args.ome_options,
+            "replicas": args.replicas, "inter_op_threads": args.inter_op_threads,
             "explain": args.explain}
     command = [sys.executable, "-m", "benchmark_lib.keras_memory", "--child", json.dumps(spec)]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     row = {"model": model, "variant": variant, "batch": spec["batch"],
+           "replicas": args.replicas,
            "wall_seconds": round(time.perf_counter() - start, 1)}
     for line in done.stdout.splitlines():
         if line.startswith("EXPLAIN "):
@@ -200,10 +213,16 @@ def _measure(spec):
     import keras  # pylint: disable=import-outside-toplevel
     import ome  # pylint: disable=import-outside-toplevel
 
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    # Both set before TensorFlow initialises its devices and thread pools.
+    tf.config.threading.set_inter_op_parallelism_threads(spec["inter_op_threads"])
+    strategy = _strategy(spec["replicas"])
     keras.utils.set_random_seed(0)
-    model = _build(spec)
-    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with strategy.scope():
+        model = _build(spec)
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if spec["variant"].startswith("ome"):
         model = ome.keras.wrap(model, **spec["ome_options"])
     if spec["variant"] == "ome:keras-update":
@@ -231,6 +250,18 @@ def _measure(spec):
                         [f"{spec['model']} {spec['variant']}:", *report.splitlines()]))
         result["explain"] = numbers
     return result
+
+
+def _strategy(replicas):
+    """``MirroredStrategy`` over ``replicas`` logical CPU devices, or the default strategy."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if replicas == 1:
+        return tf.distribute.get_strategy()
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)])
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
 
 
 def _keras_apply_gradients(optimizer, grads, weights):

@@ -200,7 +200,7 @@ def build_train_step(name, batch_size, image_size, *, num_classes=None,
     with tf.control_dependencies(update_ops):
         train_op = opt.apply_gradients(zip(grads, variables), name="train_op")
     new_variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)[n_global:]
-    init_op = tf.compat.v1.variables_initializer(new_variables, name="init")
+    init_op = _initializer(new_variables, opt, variables)
 
     return TrainStep(
         train_op=train_op, loss=loss, logits=logits, images=images, labels=labels,
@@ -283,3 +283,27 @@ def _check_gradients(grads, variables):
             f"first {missing[0]}: the loss must depend on every trainable variable"
         )
     return grads
+
+
+def _initializer(new_variables, optimizer, trainable):
+    """The op initializing ``new_variables``, the optimizer's slots from a zero filled at run
+    time.
+
+    Grappler folds a slot's constant zeros into a ``Const`` that the session's cached
+    initializer run keeps for the session's life; the slot's first update finds its buffer
+    shared with it and copies it, so every slot would hold its bytes twice between steps
+    (``python -m benchmark_lib.resident_memory``). A fill whose value is a placeholder with
+    a default is not folded, so the slot adopts the buffer the fill allocates.
+    """
+    slots = {id(optimizer.get_slot(v, name)) for v in trainable
+             for name in optimizer.get_slot_names()}
+    ops = []
+    for variable in new_variables:
+        if id(variable) in slots:
+            zero = tf.compat.v1.placeholder_with_default(
+                tf.constant(0, variable.dtype.base_dtype), [])
+            ops.append(variable.assign(tf.fill(variable.shape, zero), read_value=False))
+        else:
+            ops.append(variable.initializer)
+    return tf.group(*ops, name="init")
+
