@@ -96,8 +96,6 @@ def _parse(argv):
     parser.add_argument("--resnet-size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--replicas", type=int, default=1,
                         help="train under MirroredStrategy on this many logical CPU devices")
-    parser.add_argument("--inter-op-threads", type=int, default=0,
-                        help="TensorFlow's inter-op threads (default 0: its own choice)")
     parser.add_argument("--ome-options", type=json.loads, default={}, metavar="JSON",
                         help='options of ome.keras.wrap, e.g. \'{"checkpoints": "memory"}\'')
     parser.add_argument("--json", help="also write the rows to this file")
@@ -126,7 +124,7 @@ def _run_child(args, model, variant):
     spec = {"model": model, "variant": variant, "steps": args.steps, "warmup": args.warmup,
             "batch": args.mlp_batch if model == "mlp" else args.resnet_batch,
             "size": args.resnet_size, "ome_options": args.ome_options,
-            "replicas": args.replicas, "inter_op_threads": args.inter_op_threads,
+            "replicas": args.replicas,
             "explain": args.explain}
     command = [sys.executable, "-m", "benchmark_lib.keras_memory", "--child", json.dumps(spec)]
     start = time.perf_counter()
@@ -213,11 +211,7 @@ def _measure(spec):
     import keras  # pylint: disable=import-outside-toplevel
     import ome  # pylint: disable=import-outside-toplevel
 
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    # Both set before TensorFlow initialises its devices and thread pools.
-    tf.config.threading.set_inter_op_parallelism_threads(spec["inter_op_threads"])
-    strategy = _strategy(spec["replicas"])
+    strategy = _strategy(spec["replicas"])  # before TensorFlow initialises its devices
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = _build(spec)

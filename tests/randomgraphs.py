@@ -446,6 +446,11 @@ def _conv2d(b):
     n, h, w, c = v.shape
     k = b.ch.choice((1, 3))
     stride = b.ch.choice((1, 2))
+    if k == 1 and c < 16:
+        # TensorFlow 2.21's oneDNN Conv2DBackpropFilter crashes the process (segfault or
+        # heap corruption) on a 1x1 filter with stride 2 and few channels at 64x64, under
+        # plain tf.gradients too (seed 273: [3, 256, 64, 2] input, 2 channels out).
+        stride = 1
     padding = "VALID" if min(h, w) >= k + 1 and b.ch.chance(30) else "SAME"
     def span(d):  # output height / width
         return -(-(d if padding == "SAME" else d - k + 1) // stride)
