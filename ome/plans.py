@@ -162,8 +162,7 @@ def explain(plan, *, include_kept=True):
                      f"{t.decision.value:<9} {t.reason}")
     for i, g in enumerate(sched.groups):
         lines.append(f"recompute group {i}: {len(g.ops)} ops after {g.after}, from "
-                     f"{len(g.boundaries)} boundaries, for {len(g.outputs)} tensors"
-                     + (f", waiting for {len(g.waits)} backward leaves" if g.waits else ""))
+                     f"{len(g.boundaries)} boundaries, for {len(g.outputs)} tensors")
     for s in sched.swaps:
         lines.append(f"swap {s.tensor}: back after {s.after}, for {len(s.readers)} readers")
     if sched.holds:
