@@ -23,10 +23,11 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")  # CPU memory statistics
 
+from benchmark_lib.units import MiB  # noqa: E402  (after the environment is set)
+
 __all__ = ["main"]
 
 VARIANTS = ("plain", "ome")
-_MiB = float(1 << 20)
 
 
 def main(argv=None):
@@ -52,7 +53,7 @@ def main(argv=None):
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
         rows[variant] = json.loads(line[len("RESULT "):])
         row = rows[variant]
-        print(f"{variant:<6} transient {row['transient'] / _MiB:8.1f} MiB  "
+        print(f"{variant:<6} transient {row['transient'] / MiB:8.1f} MiB  "
               f"step {row['step_time'] * 1e3:6.0f} ms", flush=True)
     plain, ome_row = rows["plain"], rows["ome"]
     print(f"{args.replicas} replicas, global batch {args.batch}: ome's transient "

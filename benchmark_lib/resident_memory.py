@@ -13,7 +13,8 @@ import os
 import subprocess
 import sys
 
-MiB = 2 ** 20
+from benchmark_lib.units import MiB
+
 SIDE = 4096  # a 4096 x 4096 float32 weight: 64 MiB
 CASES = (("sgd", True), ("momentum", True), ("momentum", False))
 

@@ -306,4 +306,3 @@ def _initializer(new_variables, optimizer, trainable):
         else:
             ops.append(variable.initializer)
     return tf.group(*ops, name="init")
-
