@@ -19,6 +19,7 @@ grappler-heuristics    ``tf.gradients`` + Grappler HEURISTICS
 tf-recompute-grad      ``tf.recompute_grad`` around each model block (needs ``model_options``)
 ome                    ``ome.gradients`` (checkpoints="auto")
 ome-swap               ``ome.gradients(swap="auto")``
+ome-speed              ``ome.gradients(checkpoints="speed")``
 ome-optimal            ``ome.gradients(checkpoints="optimal")`` (the MILP planner)
 ome-budget             ``ome.gradients(memory_budget=...)``
 =====================  ====================================================================
@@ -29,8 +30,8 @@ from typing import Callable, Dict
 import ome
 from ome import errors
 
-from baselines.checkpointing import (ome_budget, ome_default, ome_optimal, ome_swap, openai,
-                                     openai_collection, openai_memory, openai_speed)
+from baselines.checkpointing import (ome_budget, ome_default, ome_optimal, ome_speed, ome_swap,
+                                     openai, openai_collection, openai_memory, openai_speed)
 from baselines.core import Built, Timer, graph_of, tf_gradients
 from baselines.grappler import grappler_heuristics, grappler_recompute, grappler_swap
 from baselines.lms import lms
@@ -66,12 +67,14 @@ STRATEGIES: Dict[str, Callable[..., Built]] = {
     "tf-recompute-grad": tf_recompute_grad,
     "ome": ome_default,
     "ome-swap": ome_swap,
+    "ome-speed": ome_speed,
     "ome-optimal": ome_optimal,
     "ome-budget": ome_budget,
 }
 
 #: Names that are another strategy with an option fixed (a benchmark runs the original).
-ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optimal": "ome"}
+ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optimal": "ome",
+           "ome-speed": "ome"}
 
 
 def options_of(name):

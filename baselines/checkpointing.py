@@ -77,6 +77,13 @@ def ome_swap(loss, variables, *, checkpoints="auto", swap="auto", host_device=No
                 host_device=host_device, batch_size=batch_size, cost_model=cost_model)
 
 
+def ome_speed(loss, variables, *, host_device=None, batch_size=None, cost_model=None):
+    """``ome.gradients(checkpoints='speed')``: keep every conv/matmul output, recompute
+    only the cheap ops after them, per tensor (a kept tensor's producer never runs again)."""
+    return _ome("ome-speed", loss, variables, checkpoints="speed", host_device=host_device,
+                batch_size=batch_size, cost_model=cost_model)
+
+
 def ome_optimal(loss, variables, *, host_device=None, batch_size=None, cost_model=None):
     """``ome.gradients(checkpoints='optimal')``: the MILP planner's smallest peak, then the
     least added time at it (docs/ALGORITHM.md section 7)."""

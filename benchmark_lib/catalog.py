@@ -32,6 +32,8 @@ STRATEGIES = {
     "tf-recompute-grad": "tf.recompute_grad around each model block",
     "ome": "ome.gradients: checkpoints='auto', recompute the rest",
     "ome-swap": "ome.gradients(swap='auto'): also move checkpoints to the host where it pays",
+    "ome-speed": "ome.gradients(checkpoints='speed'): keep every conv/matmul output, "
+                 "recompute only the cheap ops after them",
     "ome-optimal": "ome.gradients(checkpoints='optimal'): the MILP planner's smallest peak, "
                    "then the least added time at it",
     "ome-budget": "ome.gradients(memory_budget=--budget): keep, recompute or swap each tensor "
@@ -39,7 +41,8 @@ STRATEGIES = {
 }
 
 #: Strategies that repeat another one with an option fixed; the default sweep skips them.
-ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optimal": "ome"}
+ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optimal": "ome",
+           "ome-speed": "ome"}
 
 #: Strategies that cannot run without a memory budget (``--budget``).
 NEEDS_BUDGET = frozenset({"ome-budget"})

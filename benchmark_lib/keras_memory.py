@@ -54,8 +54,10 @@ MODELS = ("resnet50", "mlp")
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
 VARIANTS = ("plain", *(f"remat:{mode}" for mode in REMAT_MODES), "remat-blocks", "ome",
             "ome:keras-update")
-#: ome's goal against plain fit: transient memory ratio at most, step time ratio at most.
+#: ome's goal against plain fit: transient memory ratio at most, step time ratio at most
+#: (under a strategy with several replicas: lower than plain's, at that step time).
 TARGET = {"transient": 0.40, "step_time": 1.35}
+REPLICAS_TARGET = {"transient": 1.0, "step_time": 1.35}
 _MiB = float(1 << 20)
 
 
@@ -76,7 +78,7 @@ def main(argv=None):
             rows.append(_run_child(args, model, variant))
             print(_row_line(rows[-1], _plain(rows, model)), flush=True)
     print()
-    _print_table(rows)
+    _print_table(rows, REPLICAS_TARGET if args.replicas > 1 else TARGET)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(rows, out, indent=1)
@@ -168,7 +170,7 @@ def _format_ratio(value):
     return "-" if value is None else f"{value:.2f}"
 
 
-def _print_table(rows):
+def _print_table(rows, target):
     print(f"{'model':<9} {'variant':<21} {'peak MiB':>9} {'transient':>9} {'/plain':>7} "
           f"{'step ms':>9} {'/plain':>7}")
     for row in rows:
@@ -179,10 +181,10 @@ def _print_table(rows):
         if ome_row is None or plain is None or "error" in ome_row:
             continue
         memory, speed = _ratio(ome_row, plain, "transient"), _ratio(ome_row, plain, "step_time")
-        met = memory <= TARGET["transient"] and speed <= TARGET["step_time"]
-        print(f"{model}: ome transient {memory:.2f} of plain fit (target <= "
-              f"{TARGET['transient']}), step time {speed:.2f}x (target <= "
-              f"{TARGET['step_time']}): {'met' if met else 'NOT met'}")
+        met = memory < target["transient"] and speed <= target["step_time"]
+        print(f"{model}: ome transient {memory:.2f} of plain fit (target < "
+              f"{target['transient']}), step time {speed:.2f}x (target <= "
+              f"{target['step_time']}): {'met' if met else 'NOT met'}")
 
 
 # ---------------------------------------------------------------------------------------

@@ -109,11 +109,16 @@ class _Options:
     """The planning options of one call, validated before the graph is touched."""
 
     def __init__(self, checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                 swap_ahead, cost_model=None, hold_gradients=True):
+                 swap_ahead, cost_model=None, hold_gradients=True, wait_for_leaves=None):
         if not isinstance(hold_gradients, bool):
             raise errors.InvalidTypeError(
                 f"hold_gradients must be a bool, got {type(hold_gradients).__name__}")
         self.hold_gradients = hold_gradients
+        if wait_for_leaves is not None and not isinstance(wait_for_leaves, bool):
+            raise errors.InvalidTypeError(
+                f"wait_for_leaves must be None or a bool, got {type(wait_for_leaves).__name__}")
+        self.wait_for_leaves = _replicas_in_sync() > 1 if wait_for_leaves is None \
+            else wait_for_leaves
         if cost_model is not None and not isinstance(cost_model, CostModel):
             raise errors.InvalidTypeError(
                 f"cost_model must be an ome.CostModel (from ome.profile), got "
@@ -182,6 +187,14 @@ class _Options:
                     and _has_unknown_sizes(forward)))
 
 
+def _replicas_in_sync():
+    """Replicas a ``tf.distribute`` strategy runs this step on (1 outside one)."""
+    context = tf.distribute.get_replica_context()
+    if context is None:  # cross-replica context: the step runs on every replica
+        return tf.distribute.get_strategy().num_replicas_in_sync
+    return context.num_replicas_in_sync
+
+
 def _has_unknown_sizes(forward):
     """Whether a float tensor of the ``forward`` ops has a size planning cannot know."""
     return any(t.dtype.is_floating and not t.shape.is_fully_defined()
@@ -207,10 +220,16 @@ def make_policy_plan(view, options, graph):
     resident = options.model.resident_bytes
     static_bytes = _static_bytes(graph) if resident is None else resident
     view = options.model.sized(view)
+    plan = _held(view, _policy_plan(view, options, static_bytes), options, static_bytes)
+    return plans.with_leaf_waits(view, plan) if options.wait_for_leaves else plan
+
+
+def _policy_plan(view, options, static_bytes):
+    """The plan of the policy (or budget) ``options`` name, predicted."""
     if options.budget is not None:
-        return _held(view, planner.fit_budget(
+        return planner.fit_budget(
             view, options.budget, host_device=options.host_device, model=options.model,
-            static_bytes=static_bytes, pins=options.pins), options, static_bytes)
+            static_bytes=static_bytes, pins=options.pins)
     if callable(options.checkpoints):
         plan = options.checkpoints(view)
         if not isinstance(plan, Plan):
@@ -244,7 +263,7 @@ def make_policy_plan(view, options, graph):
     plan = planner.with_predictions(view, plan, options.model, static_bytes)
     if not options.user_decided():
         plan = _no_worse_than_plain(view, plan, options.model, static_bytes)
-    return _held(view, plan, options, static_bytes)
+    return plan
 
 
 def _held(view, plan, options, static_bytes):
@@ -337,12 +356,12 @@ def _tf_options(gate_gradients, aggregation_method, stop_gradients, unconnected_
 @tf.autograph.experimental.do_not_convert  # plain Python graph code, also in tf.function
 def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None, swap=False,
          host_device=None, memory_budget=None, swap_ahead=1, cost_model=None,
-         hold_gradients=True):
+         hold_gradients=True, wait_for_leaves=None):
     """The :class:`Plan` ``ome.gradients`` would follow, computed on a copy of the graph
     (the graph itself is never touched)."""
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                       swap_ahead, cost_model, hold_gradients)
+                       swap_ahead, cost_model, hold_gradients, wait_for_leaves)
     if _calls_functions(capture_mod.upstream_ops(ys)):
         raise errors.UnsupportedGraphError(
             "ome.plan cannot preview a graph with functional control flow (tf.while_loop, "
@@ -361,7 +380,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
               aggregation_method=None, stop_gradients=None, unconnected_gradients="none", *,
               checkpoints="auto", pin=None, batch_size=None, swap=False, host_device=None,
               memory_budget=None, swap_ahead=1, cost_model=None, hold_gradients=True,
-              colocate_gradients_with_ops=None, return_info=False):
+              wait_for_leaves=None, colocate_gradients_with_ops=None, return_info=False):
     """Gradients of ``ys`` w.r.t. ``xs``, equal to ``tf.gradients``, in less memory.
 
     Parameters
@@ -394,6 +413,12 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
         returned through an identity that waits for the backward ops (and copies) reading
         the variable's value, so an optimizer update never finds a read still to come and
         never has to copy the variable first (default True; the values are the same).
+    wait_for_leaves : each recompute group also waits for the backward leaves (weight and
+        bias gradients) the plan runs before it, so an executor whose threads are busy
+        cannot put them off and keep the gradients they read alive. Default (None): on
+        when a ``tf.distribute`` strategy runs the step on more than one replica (there
+        ``fit`` saved nothing without it), off otherwise (on one device it measured no
+        better and sometimes worse). Set it for TF1 towers built by hand.
     return_info : also return ``(plan, RewriteInfo)``.
 
     Example
@@ -405,7 +430,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
                              unconnected_gradients, colocate_gradients_with_ops)
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                       swap_ahead, cost_model, hold_gradients)
+                       swap_ahead, cost_model, hold_gradients, wait_for_leaves)
     graph = ys[0].graph
     scope = graph.unique_name(name or "gradients", False)
     options.model = options.model.in_scope(scope)
@@ -469,6 +494,8 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None
                         host_device=saved.host_device, swap_ahead=saved.schedule.swap_ahead)
     if saved.schedule.holds:
         rebuilt = plans.with_gradient_holds(view, rebuilt)
+    if any(g.waits for g in saved.schedule.groups):
+        rebuilt = plans.with_leaf_waits(view, rebuilt)
     return _returned(grads, _apply(rebuilt, view, graph, scope).held)
 
 

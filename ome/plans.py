@@ -162,7 +162,8 @@ def explain(plan, *, include_kept=True):
                      f"{t.decision.value:<9} {t.reason}")
     for i, g in enumerate(sched.groups):
         lines.append(f"recompute group {i}: {len(g.ops)} ops after {g.after}, from "
-                     f"{len(g.boundaries)} boundaries, for {len(g.outputs)} tensors")
+                     f"{len(g.boundaries)} boundaries, for {len(g.outputs)} tensors"
+                     + (f", waiting for {len(g.waits)} backward leaves" if g.waits else ""))
     for s in sched.swaps:
         lines.append(f"swap {s.tensor}: back after {s.after}, for {len(s.readers)} readers")
     if sched.holds:
@@ -179,3 +180,11 @@ def with_gradient_holds(view, plan):
         return plan
     holds = schedule_mod.gradient_holds(view, plan.schedule)
     return replace(plan, schedule=replace(plan.schedule, holds=holds)) if holds else plan
+
+
+def with_leaf_waits(view, plan):
+    """``plan`` whose recompute groups wait for the backward leaves replayed before them
+    (:func:`ome.schedule.with_leaf_waits`); the simulator's replay is unchanged."""
+    recomputed = {t.tensor for t in plan.tensors if t.decision == Decision.RECOMPUTE}
+    return replace(plan, schedule=schedule_mod.with_leaf_waits(view, plan.schedule,
+                                                               recomputed))

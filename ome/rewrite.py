@@ -88,7 +88,7 @@ def _lookup(graph, plan, view):
     """Every op the schedule names, fetched before anything is added."""
     sched = plan.schedule
     names = set(sched.copied_ops)
-    names.update(t for g in sched.groups for t in g.triggers)
+    names.update(t for g in sched.groups for t in g.triggers + g.waits)
     names.update(t for s in sched.swaps for t in s.triggers)
     names.update(s.fence for s in sched.swaps if s.fence)
     names.update(r for r, _ in sched.reroutes)
@@ -155,7 +155,13 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
 
 def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
     """Copy every op of every group in forward order; returns {tensor name: copy}."""
-    triggers = {op: [ops[t] for t in g.triggers] for g in sched.groups for op in g.ops}
+    triggers = {}
+    for g in sched.groups:
+        members = set(g.ops)
+        for op in g.ops:
+            first = not any(view.tensors[t].op in members for t in view.ops[op].inputs)
+            # the group's first copies wait for its leaves; the others come after them
+            triggers[op] = [ops[t] for t in g.triggers + (g.waits if first else ())]
     copied = set(triggers)
     copies = {}
     with tf.name_scope("recompute"):

@@ -18,13 +18,20 @@ backprop to start) reading a recomputed or swapped tensor is *deferred*: it wait
 same triggers as the first main op it feeds. :func:`replay_order` is the op order the
 simulator replays, and each group records the op it runs right after (``after``).
 """
+import bisect
+import dataclasses
 import enum
 import heapq
+import logging
 import weakref
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
+import networkx as nx
+
 from ome import errors
+
+log = logging.getLogger(__name__)
 
 
 class Decision(str, enum.Enum):
@@ -37,13 +44,17 @@ class Decision(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RecomputeGroup:
-    """Forward ops copied together, when ``triggers`` have run (right after ``after``)."""
+    """Forward ops copied together, when ``triggers`` have run (right after ``after``).
+
+    ``waits`` (:func:`with_leaf_waits`): backward leaves the replay runs before the group;
+    its first copies wait for them too."""
 
     after: str
     triggers: Tuple[str, ...]
     ops: Tuple[str, ...]  # forward ops copied, in forward order
     boundaries: Tuple[str, ...]  # tensors the copies read from the forward pass
     outputs: Tuple[str, ...]  # tensors whose copies backprop reads
+    waits: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -408,3 +419,62 @@ def gradient_holds(view, sched):
         if readers:
             holds.append((g, tuple(sorted(readers))))
     return tuple(holds)
+
+
+def with_leaf_waits(view, sched, recomputed):
+    """``sched`` (built with the ``recomputed`` tensors) whose recompute groups each wait for the backward leaves replayed between
+    the group before it and itself.
+
+    A leaf is a main backward op no main backward op reads (a weight's or a bias's
+    gradient). When its threads are busy, TensorFlow's executor can run a ready leaf much
+    later than the replay does: with two replicas on two CPU threads it ran every
+    ``BiasAddGrad`` at the end of the step, keeping each layer's gradient alive and undoing
+    the recomputation's saving. Every edge added goes forward in one topological order of
+    what the rewrite builds (backward ops, groups, swap-ins, in replay order), so none
+    closes a cycle.
+    """
+    groups = sched.groups
+    if not groups:
+        return sched
+    anchor = _levels(view, sched.deferred)
+    graph = nx.DiGraph()
+    backward = set(view.backward)
+    graph.add_nodes_from(view.backward)
+    for name in view.backward:
+        graph.add_edges_from((p, name) for p in _parents(view, name) if p in backward)
+    graph.add_edges_from((t, op) for op, triggers in sched.deferred for t in triggers)
+    group_of = {op: ("group", i) for i, g in enumerate(groups) for op in g.ops}
+    key = {}  # group and swap-in nodes; ops (triggers may be forward ops) by their anchor
+    for i, g in enumerate(groups):
+        node = ("group", i)
+        key[node] = (*anchor[g.after], 1)
+        graph.add_edges_from((t, node) for t in g.triggers)
+        graph.add_edges_from((node, r) for t in g.outputs for r in view.value_readers(t))
+        graph.add_edges_from((group_of[view.tensors[t].op], node) for op in g.ops
+                             for t in view.ops[op].inputs
+                             if t in recomputed
+                             and group_of.get(view.tensors[t].op, node) != node)
+    for s in sched.swaps:
+        node = ("swap", s.tensor)
+        key[node] = (*anchor[s.after], 1)
+        graph.add_edges_from((t, node) for t in s.triggers)
+        graph.add_edges_from((node, group_of.get(r, r)) for r in s.readers)
+    try:
+        order = list(nx.lexicographical_topological_sort(
+            graph, key=lambda node: key.get(node) or (*anchor[node], 0)))
+    except nx.NetworkXUnfeasible:  # this model of the rewrite is wrong: add nothing
+        log.warning("ome: the schedule's groups and backward ops seem to form a cycle; "
+                    "the recompute groups do not wait for the backward leaves")
+        return sched
+    position = {node: i for i, node in enumerate(order)}
+    starts = sorted((position[("group", i)], i) for i in range(len(groups)))
+    waits = [[] for _ in groups]
+    for name in view.backward:
+        if name not in view.main or any(c in view.main for t in view.ops[name].outputs
+                                        for c in view.consumers[t]):
+            continue
+        later = bisect.bisect(starts, (position[name], len(groups)))
+        if later < len(starts):
+            waits[starts[later][1]].append(name)
+    return dataclasses.replace(sched, groups=tuple(
+        dataclasses.replace(g, waits=tuple(w)) for g, w in zip(groups, waits)))

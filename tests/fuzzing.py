@@ -120,6 +120,10 @@ SETTINGS = [
     Setting("swap-auto", {"swap": "auto", "host_device": HOST}),
     Setting("swap-list", {"checkpoints": CHECKPOINT_LIST, "swap": SWAP_SUBSET,
                           "host_device": HOST}),
+    # Recompute groups also wait for backward leaves (the default under tf.distribute).
+    Setting("auto-waits", {"checkpoints": "auto", "wait_for_leaves": True}),
+    Setting("swap-list-waits", {"checkpoints": CHECKPOINT_LIST, "swap": SWAP_SUBSET,
+                                "host_device": HOST, "wait_for_leaves": True}),
     Setting("budget-0.3", {"memory_budget": Budget(0.3)}),
     # Midway between ome's predicted "auto" and plain peaks: the planner must recompute.
     Setting("budget-mid", {"memory_budget": PlannedBudget(0.5)}),

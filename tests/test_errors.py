@@ -24,6 +24,14 @@ def test_not_a_tensor(graph):
                      lambda: ome.gradients(case.ys, [np.ones(3)]))
 
 
+@pytest.mark.parametrize("option, value", [("hold_gradients", None),
+                                           ("wait_for_leaves", "yes")])
+def test_a_switch_that_is_not_a_bool(graph, option, value):
+    case = graphs.mlp()
+    raises_unchanged(graph, errors.InvalidTypeError, f"{option} must be",
+                     lambda: ome.gradients(case.ys, case.xs, **{option: value}))
+
+
 def test_eager_tensor():
     # The test process runs in graph mode, so real eager tensors need a process of their own.
     code = ("import tensorflow as tf, ome\n"

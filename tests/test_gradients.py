@@ -179,3 +179,24 @@ def test_held_gradients_wait_for_their_weights_backward_reads(graph, hold):
         sess.run(tf.compat.v1.global_variables_initializer())
         costs = ome.profile(sess, step, case.feed, steps=3)
     assert costs.gradient_lifetime == "update" and costs.update_copies == {}
+
+
+@pytest.mark.parametrize("wait", [None, True])
+def test_recomputed_groups_wait_for_the_weight_gradients_replayed_before_them(graph, wait):
+    """With ``wait_for_leaves`` a group's first copies wait for the leaves (here each
+    layer's weight gradient) the simulator replays before it, so no executor can put those
+    off and keep the gradients they read alive; off by default outside tf.distribute; same
+    values either way."""
+    case = graphs.mlp(layers=8, width=64, batch=16)
+    grads, (plan, _) = ome.gradients(case.ys, case.xs, checkpoints=case.interior[:1],
+                                     wait_for_leaves=wait, return_info=True)
+    waits = [w for g in plan.schedule.groups for w in g.waits]
+    assert plan.recomputed and bool(waits) == bool(wait)
+    for name in waits:  # tf.gradients' MatMul for the weight's gradient: x^T dy
+        assert name.endswith("_grad/MatMul_1") and graph.get_operation_by_name(name).type \
+            == "MatMul"
+    copies = [op for op in graph.get_operations() if "/ome/recompute/" in op.name]
+    waited = {c.name for op in copies for c in op.control_inputs}
+    assert set(waits) <= waited
+    got, want = run_both(case, grads)
+    assert_same(got, want)

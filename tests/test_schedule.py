@@ -11,7 +11,7 @@ import pytest
 from ome import errors, planner, schedule, select, simulate
 from ome.costs import CostModel
 from ome.graphview import GraphView, build_view
-from ome.plans import Plan, make_plan
+from ome.plans import Plan, make_plan, with_leaf_waits
 from ome.schedule import Decision
 
 MiB = 2**20
@@ -137,6 +137,32 @@ def test_replay_runs_each_backward_op_as_soon_as_it_is_ready():
     # The seed fill has no inputs: it runs first; g_c waits for c.
     assert order.index("g_y") < order.index("a")
     assert order.index("c") < order.index("g_c") < order.index("g_b")
+
+
+def test_a_group_waits_for_the_backward_leaves_replayed_before_it():
+    # Each layer's gradient also feeds a reduction leaf (like BiasAddGrad): r_c reads g_c.
+    forward = [("x", "Placeholder", [], 1), ("a", "Tanh", ["x:0"], 1),
+               ("b", "Tanh", ["a:0"], 1), ("c", "Tanh", ["b:0"], 1),
+               ("y", "Sum", ["c:0"], 1)]
+    backward = [("g_y", "Fill", [], 1), ("g_c", "TanhGrad", ["c:0", "g_y:0"], 1),
+                ("r_c", "BiasAddGrad", ["g_c:0"], 1),
+                ("g_b", "TanhGrad", ["b:0", "g_c:0"], 1),
+                ("r_b", "BiasAddGrad", ["g_b:0"], 1),
+                ("g_a", "TanhGrad", ["a:0", "g_b:0"], 1)]
+    view = build_view(forward, backward, xs=["x:0"], ys=["y:0"],
+                      grads=["g_a:0", "r_b:0", "r_c:0"], sizes={"y:0": 4, "g_y:0": 4},
+                      persistent=["x:0"])
+    plan = plan_of(view, {"a:0": Decision.RECOMPUTE})
+    assert plan.schedule.groups[0].waits == ()
+    waiting = with_leaf_waits(view, plan)
+    (group,) = waiting.schedule.groups
+    assert group.after == "g_b"
+    # Replayed: g_c, r_c, g_b, the copy of a, r_b, g_a. r_c comes before the copy, so the
+    # copy waits for it; r_b and g_a come after, and waiting for them would be a cycle
+    # (g_a reads the copy).
+    assert group.waits == ("r_c",)
+    assert "waiting for 1 backward leaves" in str(waiting)
+    assert Plan.from_json(waiting.to_json()).schedule == waiting.schedule
 
 
 def test_measured_scratch_memory_counts_while_its_op_runs_and_its_copies_run():

@@ -24,7 +24,8 @@ from benchmark_lib.storage import COLUMNS, Row
 from benchmark_lib.units import MiB, format_duration
 
 #: Strategies measured once each, as points beside the frontier.
-BASELINES = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-optimal", "ome-swap")
+BASELINES = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-speed", "ome-optimal",
+             "ome-swap")
 #: Budgets, as fractions of plain backprop's measured device peak.
 FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 OUT = "results/frontier"

@@ -3,7 +3,8 @@
 Run by tests/test_distribute.py. Each replica's step is traced separately, so ome rewrites
 each replica's gradient graph: a custom loop with ``strategy.run(step)`` and
 ``ome.GradientTape``, and ``fit`` of a wrapped model built under ``strategy.scope()``,
-both giving the same weights after 3 steps as without ome.
+both giving the same weights after 3 steps as without ome. Under a strategy with two
+replicas the recompute groups wait for the backward leaves (``wait_for_leaves``'s default).
 """
 import os
 
@@ -69,6 +70,7 @@ def check_custom_loop():
     for tape in tapes:
         plan, info = tape.plans[0]
         assert plan.checkpoints and info.copied_ops > 0
+        assert any(g.waits for g in plan.schedule.groups), "waits on by default"
     print(f"OK custom loop, {len(tapes)} replicas: {len(plan.checkpoints)} checkpoints, "
           f"{info.copied_ops} ops recomputed per replica")
 
@@ -90,6 +92,8 @@ def check_fit():
     assert_same_weights(plain, wrapped)
     np.testing.assert_allclose(ome_history["loss"], history["loss"], rtol=1e-5)
     assert len(ome.keras.plans(wrapped)) == strategy.num_replicas_in_sync
+    for plan, _ in ome.keras.plans(wrapped):
+        assert any(g.waits for g in plan.schedule.groups), "waits on by default"
     print(f"OK fit under strategy.scope(): {assert_ome_rewrote(wrapped)} per replica")
 
 
