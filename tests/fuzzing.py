@@ -96,7 +96,7 @@ class PlannedBudget:
     def bytes_for(self, program):
         auto, plain = predicted_peaks(program)
         peak = auto + self.plain_share * (plain - auto)
-        return math.ceil((program.variable_bytes() + peak) / (1 - planner.HEADROOM))
+        return math.ceil(planner.smallest_budget(peak, program.variable_bytes()))
 
 
 @dataclass(frozen=True)

@@ -340,3 +340,16 @@ def test_resnet200_plans_in_five_seconds_and_the_plan_gives_tf_gradients():
             got, want = session.run([grads, expected], feed)
     for g, w, v in zip(got, want, variables):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=v.name)
+
+
+def test_a_budget_leaves_its_headroom_of_the_simulated_part_only():
+    """``memory_budget=``'s limit: the resident bytes count in full, and HEADROOM of the
+    rest is left free; the smallest budget the error names admits the smallest plan."""
+    view, static = chain(), 10_000
+    plain = simulate.simulate(view, select.keep_all(view)).device_peak
+    smallest = planner.smallest_budget(plain, static)
+    assert smallest == static + plain / (1 - planner.HEADROOM)
+    assert planner.budget_limit(smallest, static) == plain
+    assert planner.fit_budget(view, smallest + 1, static_bytes=static).changes_nothing()
+    with pytest.raises(errors.BudgetError, match="the smallest plan predicts"):
+        planner.fit_budget(view, static + 2, static_bytes=static)
