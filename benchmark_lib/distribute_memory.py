@@ -63,16 +63,18 @@ def main(argv=None):
 
 
 def _measure(variant, args):
+    # keras_memory's strategy, model and batch builders are its private helpers
+    # pylint: disable=protected-access
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from benchmark_lib import keras_memory  # pylint: disable=import-outside-toplevel
 
-    strategy = keras_memory._strategy(args.replicas)  # pylint: disable=protected-access
+    strategy = keras_memory._strategy(args.replicas)
     import keras  # pylint: disable=import-outside-toplevel
     import ome  # pylint: disable=import-outside-toplevel
 
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = keras_memory._mlp(blocks=False)  # pylint: disable=protected-access
+        model = keras_memory._mlp(blocks=False)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     tape_class = ome.GradientTape if variant == "ome" else tf.GradientTape
 
@@ -86,9 +88,9 @@ def _measure(variant, args):
     def step(x, y):
         return strategy.run(replica_step, args=(x, y))
 
-    spec = {"model": "mlp", "batch": args.batch}
+    batch = keras_memory._batch({"model": "mlp", "batch": args.batch})
     batches = iter(strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensors(keras_memory._batch(spec)).repeat()))  # pylint: disable=protected-access
+        tf.data.Dataset.from_tensors(batch).repeat()))
     records = []
     for _ in range(2 + args.steps):  # 2 warm-up steps
         x, y = next(batches)

@@ -57,7 +57,7 @@ VARIANTS = ("plain", *(f"remat:{mode}" for mode in REMAT_MODES), "remat-blocks",
 #: ome's goal against plain fit: transient memory ratio at most, step time ratio at most
 #: (under a strategy with several replicas: lower than plain's, at that step time).
 TARGET = {"transient": 0.40, "step_time": 1.35}
-REPLICAS_TARGET = {"transient": 1.0, "step_time": 1.35}
+REPLICAS_TARGET = dict(TARGET, transient=1.0)
 _MiB = float(1 << 20)
 
 

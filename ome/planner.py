@@ -144,8 +144,8 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     The choice is :func:`ome.optimal.optimal`'s (plain backprop when it fits; swaps only
     with a ``host_device``). ``static_bytes`` (what stays allocated between steps:
     variables, optimizer slots, or a profile's ``resident_bytes``) count against the
-    budget; ``HEADROOM`` of the rest is left free (:func:`budget_limit`). Raises :class:`BudgetError` naming the
-    smallest reachable peak when nothing fits.
+    budget; ``HEADROOM`` of the rest is left free (:func:`budget_limit`). Raises
+    :class:`BudgetError` naming the smallest reachable peak when nothing fits.
     """
     budget = parse_bytes(budget)
     limit = budget_limit(budget, static_bytes)

@@ -422,8 +422,8 @@ def gradient_holds(view, sched):
 
 
 def with_leaf_waits(view, sched, recomputed):
-    """``sched`` (built with the ``recomputed`` tensors) whose recompute groups each wait for the backward leaves replayed between
-    the group before it and itself.
+    """``sched`` (built with the ``recomputed`` tensors) whose recompute groups each wait
+    for the backward leaves replayed between the group before it and itself.
 
     A leaf is a main backward op no main backward op reads (a weight's or a bias's
     gradient). When its threads are busy, TensorFlow's executor can run a ready leaf much
