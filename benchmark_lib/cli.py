@@ -23,7 +23,7 @@ Measure every gradient strategy on every model: peak memory, step time, largest 
 
 Each (model, strategy, batch) runs in a fresh worker process, so allocator statistics start
 clean; a worker that crashes or times out becomes an `error` row and the others go on.
-Graph building may overlap in a second worker, but timed steps never run concurrently.
+Workers build graphs side by side but run their steps alone (nothing else works meanwhile).
 Without a GPU the worker splits the CPU into an emulated accelerator (CPU:0) and host
 (CPU:1), so swapping strategies have somewhere to swap to. Results go to --out:
 results.csv, results.json, results.md and PNG plots, rewritten after every run."""
@@ -117,8 +117,8 @@ def make_parser(modes):
                         f"{quick.timeout:.0f}; thesis {thesis.timeout:.0f})")
     p.add_argument("--jobs", type=_positive_int,
                    help=f"worker processes at once in a sweep (default {quick.jobs}; thesis "
-                        f"{thesis.jobs}); they overlap start-up and graph building, never timed "
-                        f"steps; 1 keeps the machine quiet for the timed steps")
+                        f"{thesis.jobs}); they overlap start-up and graph building, and wait "
+                        f"while one runs its steps")
     existing = p.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", default=None,
                           help="keep the rows in --out and skip the runs they finished")

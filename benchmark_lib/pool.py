@@ -1,8 +1,8 @@
 """Worker processes: start them, read what they say, end them on timeout or interrupt.
 
 :class:`Pool` runs up to ``jobs`` workers at once. With more than one it hands them a
-measurement lock file (see :class:`benchmark_lib.protocol.RunSpec`), so graph building may
-overlap but timed steps never run concurrently.
+lock file (see :class:`benchmark_lib.protocol.RunSpec`), so workers build graphs side by
+side but run their steps alone: nothing else works on the cores while steps are timed.
 """
 import collections
 import concurrent.futures

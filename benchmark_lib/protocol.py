@@ -24,10 +24,11 @@ class RunSpec:
     """Measure one training step of ``model`` with ``strategy``.
 
     ``budget`` (bytes) goes to strategies that take a ``memory_budget``, and a run whose
-    device peak exceeds it is ``oom``. ``measure_lock`` is a file the worker locks while it
-    runs the measured steps, so no two workers time steps at once. With ``profile`` the
-    worker first profiles the plain step (``ome.profile``) and gives the cost model to
-    strategies that take one, and the row carries the plan's predictions.
+    device peak exceeds it is ``oom``. ``measure_lock`` is a file the worker locks, shared
+    while it builds and alone while it runs steps, so timed steps share the cores with no
+    other worker's work. With ``profile`` the worker first profiles the plain step
+    (``ome.profile``) and gives the cost model to strategies that take one, and the row
+    carries the plan's predictions.
     """
 
     model: str

@@ -54,8 +54,8 @@ def header(meta, rows):
         f"Images {images}; batch {batches}; {config['steps']} timed steps after "
         f"{config['warmup']} warm-up per run, in a fresh process; step time: the median; "
         f"spread: the interquartile range (IQR) as a % of it. Timed steps ran one worker at a "
-        f"time" + (f" ({jobs} workers overlapped only start-up and graph building)."
-                   if jobs > 1 else "."))
+        f"time" + (f" ({jobs} workers overlapped start-up and graph building, and nothing "
+                   f"else ran while steps did)." if jobs > 1 else "."))
     if config.get("budget") is not None:
         lines.append(f"Memory budget: {format_mib(config['budget'])} MiB.")
     return lines

@@ -37,24 +37,47 @@ def _configure_logging():
     root.setLevel(logging.INFO)
 
 
-@contextlib.contextmanager
-def _measurement_slot(path):
-    """Hold an exclusive lock on ``path`` (None: no lock) while timed steps run.
+class _CpuLock:
+    """The workers' etiquette on the two cores, one ``flock`` on the spec's lock file.
 
-    The lock is the operating system's (``flock``): it is released when the process ends,
-    however it ends.
+    A worker holds it shared from its start (importing TensorFlow, building graphs and
+    plans) and exclusively while it runs a session (warm-up, timed and traced steps), so
+    timed steps never share the cores with another worker's work; building graphs still
+    overlaps. ``path`` None (one job): no lock. A context manager: leaving it (or the
+    process ending, however it ends) releases the lock.
     """
-    if path is None:
-        yield 0.0
-        return
-    import fcntl
-    start = time.perf_counter()
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+
+    def __init__(self, path):
+        self._file = None
+        if path is not None:
+            import fcntl
+            self._flock = fcntl.flock
+            self._shared, self._exclusive = fcntl.LOCK_SH, fcntl.LOCK_EX
+            self._file = open(path, "a")  # pylint: disable=consider-using-with
+            self._flock(self._file, self._shared)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._file is not None:
+            self._file.close()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """Hold the lock alone, once every other worker has finished its untimed work or
+        asks for the lock alone too, and yield the seconds waited; shared again after."""
+        if self._file is None:
+            yield 0.0
+            return
+        start = time.perf_counter()
+        # flock converts shared to exclusive by unlocking first, so two workers converting
+        # at once cannot deadlock.
+        self._flock(self._file, self._exclusive)
         try:
             yield time.perf_counter() - start
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            self._flock(self._file, self._shared)
 
 
 def _count(value):
@@ -69,7 +92,7 @@ def _count(value):
         return None
 
 
-def _measure(spec):
+def _measure(spec, lock):
     """Build, run and measure one training step; returns ``(row, details)``."""
     import tensorflow as tf
     import baselines
@@ -96,7 +119,7 @@ def _measure(spec):
     try:
         # Only strategies that plan with a cost model get one; the others are not profiled.
         if spec.profile and "cost_model" in baselines.options_of(spec.strategy):
-            costs = _profile(spec)
+            costs = _profile(spec, lock)
             details["cost_model"] = str(costs)
         graph = tf.Graph()
         with graph.as_default():
@@ -109,7 +132,7 @@ def _measure(spec):
             details["info"] = info
             # session_config keeps the emulated host device even when the strategy sets a config
             config = host.session_config(made["built"].config)
-            with _measurement_slot(spec.measure_lock) as waited:
+            with lock.exclusive() as waited:
                 details["measure_wait_s"] = round(waited, 3)
                 with tf.compat.v1.Session(graph=graph, config=config) as session:
                     session.run(step.init_op)
@@ -143,9 +166,9 @@ def _measure(spec):
     return row, details
 
 
-def _profile(spec):
-    """The cost model of ``spec``'s plain training step (``ome.profile``), measured in the
-    measurement slot so no other worker's timed steps run meanwhile."""
+def _profile(spec, lock):
+    """The cost model of ``spec``'s plain training step (``ome.profile``), measured while
+    holding ``lock`` alone, so no other worker runs meanwhile."""
     import tensorflow as tf
     import models
     import ome
@@ -153,7 +176,7 @@ def _profile(spec):
 
     with tf.Graph().as_default() as graph:
         step = models.build_train_step(spec.model, spec.batch_size, spec.image_size)
-        with _measurement_slot(spec.measure_lock), \
+        with lock.exclusive(), \
                 tf.compat.v1.Session(graph=graph, config=host.session_config()) as session:
             session.run(step.init_op)
             return ome.profile(session, step.train_op, step.feed_dict,
@@ -189,16 +212,17 @@ def main(argv=None):
     """Run the spec in ``argv[0]``, print the result line on stdout, return the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     spec = protocol.decode_spec(argv[0])
-    _configure_logging()
-    from ome import host
-    host.emulate_host()  # before any TF op or session in this process
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    if isinstance(spec, protocol.ParamsSpec):
-        result = {"param_bytes": _param_bytes(spec)}
-    else:
-        row, details = _measure(spec)
-        result = {"row": row.to_dict(), "details": details}
+    with _CpuLock(getattr(spec, "measure_lock", None)) as lock:  # before TensorFlow loads
+        _configure_logging()
+        from ome import host
+        host.emulate_host()  # before any TF op or session in this process
+        import tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        if isinstance(spec, protocol.ParamsSpec):
+            result = {"param_bytes": _param_bytes(spec)}
+        else:
+            row, details = _measure(spec, lock)
+            result = {"row": row.to_dict(), "details": details}
     sys.stdout.write(protocol.result_line(result))
     sys.stdout.flush()
     return 0

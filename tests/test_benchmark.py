@@ -289,7 +289,7 @@ def test_markdown_header_names_machine_date_and_real_image_sizes():
     text = report.sweep_markdown(rows, META, ["resnet18", "inception_v4"], ["vanilla"])
     assert "Measured 2026-11-23T10:00:00+00:00 with TensorFlow 2.21.0 on Test CPU" in text
     assert "Images 32x32 (resnet18); 75x75 (inception_v4); batch 4; 5 timed steps" in text
-    assert "2 workers overlapped only start-up and graph building" in text
+    assert "2 workers overlapped start-up and graph building, and nothing else ran" in text
     assert "None" not in text
 
 
@@ -604,25 +604,37 @@ def test_worker_logs_are_echoed_with_the_run_label():
     assert said == ["    [resnet18/lms b=2] Editing model for LMS"]
 
 
-def test_the_measurement_lock_lets_one_worker_time_steps_at_a_time(tmp_path):
-    from benchmark_lib.worker import _measurement_slot
-    path = str(tmp_path / "measure.lock")
+def test_timed_steps_wait_for_other_workers_building_and_run_alone(tmp_path):
+    from benchmark_lib.worker import _CpuLock
+    path = str(tmp_path / "cpu.lock")
     events = []
+    building = threading.Event()
 
-    def hold():
-        with _measurement_slot(path):
-            events.append("first in")
-            time.sleep(0.3)
-            events.append("first out")
+    def worker(name, build_seconds):
+        with _CpuLock(path) as lock:  # held shared from the worker's start
+            building.set()
+            time.sleep(build_seconds)
+            events.append((name, "built", 0.0))
+            with lock.exclusive() as waited:
+                events.append((name, "in", waited))
+                time.sleep(0.2)
+                events.append((name, "out", 0.0))
 
-    thread = threading.Thread(target=hold)
-    thread.start()
-    while not events:
-        time.sleep(0.01)
-    with _measurement_slot(path) as waited:
-        events.append("second in")
-    thread.join()
-    assert events == ["first in", "first out", "second in"] and waited > 0.1
+    slow = threading.Thread(target=worker, args=("slow builder", 0.4))
+    slow.start()
+    building.wait()
+    worker("quick builder", 0.0)
+    slow.join()
+    steps = [(name, what) for name, what, _ in events]
+    # nobody ran steps while the other built, and each ran them alone
+    assert steps == [("quick builder", "built"), ("slow builder", "built"),
+                     ("quick builder", "in"), ("quick builder", "out"),
+                     ("slow builder", "in"), ("slow builder", "out")] or \
+        steps == [("quick builder", "built"), ("slow builder", "built"),
+                  ("slow builder", "in"), ("slow builder", "out"),
+                  ("quick builder", "in"), ("quick builder", "out")]
+    # the quick builder waited at least for the slow one's building
+    assert next(w for name, what, w in events if name == "quick builder" and what == "in") > 0.3
 
 
 @dataclasses.dataclass(frozen=True)
