@@ -119,6 +119,8 @@ def make_parser(modes):
                    help=f"worker processes at once in a sweep (default {quick.jobs}; thesis "
                         f"{thesis.jobs}); they overlap start-up and graph building, and wait "
                         f"while one runs its steps")
+    p.add_argument("--processes", type=_positive_int,
+                   help="fresh processes --interleaved repeats its rounds in (default 3)")
     existing = p.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", default=None,
                           help="keep the rows in --out and skip the runs they finished")

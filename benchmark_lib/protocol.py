@@ -52,6 +52,20 @@ class ParamsSpec:
     task: str = "params"
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundsSpec:
+    """Time ``strategies`` of ``model`` in one process, in rounds: after ``warmup`` steps
+    of each, ``steps`` rounds of one step of each in turn (``--interleaved``)."""
+
+    model: str
+    strategies: Tuple[str, ...]
+    batch_size: int
+    image_size: int
+    steps: int
+    warmup: int
+    task: str = "rounds"
+
+
 class LogRecord(NamedTuple):
     """One logging record of a worker: logger name, level name, message."""
 
@@ -60,7 +74,7 @@ class LogRecord(NamedTuple):
     msg: str
 
 
-_SPECS = {"run": RunSpec, "params": ParamsSpec}
+_SPECS = {"run": RunSpec, "params": ParamsSpec, "rounds": RoundsSpec}
 
 
 def encode_spec(spec):

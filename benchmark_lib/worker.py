@@ -183,6 +183,45 @@ def _profile(spec, lock):
                                host_device=host.default_host_device())
 
 
+def _rounds(spec):
+    """``{strategy: [step seconds]}`` of ``spec``'s strategies, each built in a graph and
+    session of its own in this process, timed one step of each in turn."""
+    import tensorflow as tf
+    import baselines
+    import models
+    from ome import host
+
+    runs = []
+    for strategy in spec.strategies:
+        made = {}
+
+        def gradients(ys, xs, strategy=strategy, made=made):
+            options = {"batch_size": spec.batch_size} \
+                if "batch_size" in baselines.options_of(strategy) else {}
+            made["built"] = baselines.build(strategy, ys, xs, **options)
+            return list(made["built"].grads)
+
+        graph = tf.Graph()
+        with graph.as_default():
+            step = models.build_train_step(spec.model, spec.batch_size, spec.image_size,
+                                           gradients=gradients,
+                                           **baselines.model_options(strategy))
+            session = tf.compat.v1.Session(  # pylint: disable=consider-using-with
+                graph=graph, config=host.session_config(made["built"].config))
+            session.run(step.init_op)
+        runs.append((strategy, session, step))
+    times = {strategy: [] for strategy in spec.strategies}
+    for round_ in range(spec.warmup + spec.steps):
+        for strategy, session, step in runs:
+            start = time.perf_counter()
+            session.run(step.train_op, step.feed_dict)
+            if round_ >= spec.warmup:
+                times[strategy].append(time.perf_counter() - start)
+    for _, session, _ in runs:
+        session.close()
+    return times
+
+
 def _int(value):
     return None if value is None else int(value)
 
@@ -220,6 +259,8 @@ def main(argv=None):
         tf.compat.v1.disable_eager_execution()
         if isinstance(spec, protocol.ParamsSpec):
             result = {"param_bytes": _param_bytes(spec)}
+        elif isinstance(spec, protocol.RoundsSpec):
+            result = {"times": _rounds(spec)}
         else:
             row, details = _measure(spec, lock)
             result = {"row": row.to_dict(), "details": details}

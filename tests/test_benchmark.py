@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -499,6 +500,29 @@ def test_frontier_refusals(capsys, tmp_path, monkeypatch, argv, fragment):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("argv, fragment", [
+    (["--processes", "2"], "--processes does not apply to the sweep"),
+    (["--interleaved", "--strategies", "vanilla"], "give at least two"),
+    (["--interleaved", "--budget", "1GiB"], "--budget does not apply to --interleaved"),
+    (["--interleaved", "--processes", "0"], "argument --processes: expected positive"),
+])
+def test_interleaved_refusals(capsys, argv, fragment):
+    assert fragment in _cli_error(capsys, argv)
+
+
+def test_interleaved_times_the_strategies_in_rounds_in_each_process(capsys):
+    code = cli.main(["--interleaved", "--model", "resnet18", "--strategies", "vanilla,ome",
+                     "--processes", "2", "--image-size", "32", "--batch-size", "2",
+                     "--steps", "2", "--warmup", "0"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2 processes, each 0 warm-up and 2 timed rounds of vanilla, ome" in out
+    for index in (1, 2):
+        assert re.search(rf"process {index}: vanilla \d\.\d{{3}} s \(IQR \d+%\) 1\.00x \| "
+                         rf"ome \d\.\d{{3}} s \(IQR \d+%\) \d\.\d\dx", out), out
+    assert re.search(r"\n  ome +\d\.\d\d \d\.\d\d +\d\.\d\d +\d+\.\d%", out), out
+
+
 def _parse(argv):
     modes = all_modes()
     return cli.make_parser(modes).parse_args(argv)
@@ -525,7 +549,7 @@ def test_every_mode_has_a_flag_or_is_the_default():
     modes = all_modes()
     assert modes[0].name == "sweep" and modes[0].flag is None
     assert {m.flag for m in modes[1:]} == {"--max-batch", "--rewrite-timing", "--simulator-check",
-                                         "--frontier", "--pipeline"}
+                                         "--frontier", "--pipeline", "--interleaved"}
     assert all(m.options <= {a.dest for a in cli.make_parser(modes)._actions} for m in modes)
 
 

@@ -21,6 +21,7 @@ MODULES = (
     "benchmark_lib.modes.simulator_check",
     "benchmark_lib.modes.frontier",
     "benchmark_lib.modes.pipeline",
+    "benchmark_lib.modes.interleaved",
 )
 
 #: Arguments of the modes that measure runs in workers (the sweep and --max-batch).
