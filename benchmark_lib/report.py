@@ -15,7 +15,11 @@ _EXPLAIN_MEMORY = (
     "swapped, a lower bound (off by at most the host peak) when something is. With a GPU, "
     "`device peak` is `max_mem`.")
 _EXPLAIN_NOISE = ("`~`: the step-time difference to vanilla is smaller than the larger of the "
-                  "two IQRs, so it is not a measured difference.")
+                  "two IQRs, so it is not a measured difference. Each run is timed in a "
+                  "process of its own, and on a shared machine a process's speed varies more "
+                  "than its steps do (between two sweeps here, ten ratios moved by 10-25% and "
+                  "one by 71%: docs/RESULTS.md); `python benchmark.py --interleaved` times strategies "
+                  "side by side in one process.")
 
 
 def ratio(value, reference):
