@@ -44,9 +44,11 @@ SOLVER_OPTIMAL = 0.0  # HiGHS proved the model's optimum (within MIP_GAP)
 SOLVER_TIME_LIMIT = 1.0  # HiGHS stopped at the time limit; ``gap`` says how far it got
 SOLVER_AUTO = 2.0  # no solver plan did better: select.auto's plan
 SOLVER_PLAIN = 3.0  # plain backprop fits: nothing to recompute or swap
+SOLVER_REFERENCE = 4.0  # transformer.optimal_within: its mode's own plan was faster
 SOLVER_NAMES = {SOLVER_OPTIMAL: "HiGHS optimal", SOLVER_TIME_LIMIT: "HiGHS time limit",
                 SOLVER_AUTO: "select.auto's plan: no solver plan did better",
-                SOLVER_PLAIN: "plain backprop fits"}
+                SOLVER_PLAIN: "plain backprop fits",
+                SOLVER_REFERENCE: "the reference mode's plan: no solver plan was faster"}
 _SOLVED = (SOLVER_OPTIMAL, SOLVER_TIME_LIMIT)
 # The polish stops after this many undone decisions in a row made the peak too high.
 POLISH_MISSES = 3

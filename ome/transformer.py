@@ -332,7 +332,9 @@ def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_devi
     Both peaks are :func:`ome.simulate.simulate`'s under ``model``; with a profile of the
     plain step (``ome.profile``) the times are measured op times and the peaks include the
     kernels' scratch memory. ``mode``'s own plan is one the planner may choose, so the
-    plan found adds no more time than ``mode``'s, by the cost model. Use it as a policy
+    plan found adds no more time than ``mode``'s, by the cost model; when the search stops
+    at its time limit with a slower plan, ``mode``'s own is returned (``solver`` is
+    ``optimal.SOLVER_REFERENCE``). Use it as a policy
     with the same model given to ``ome.gradients``::
 
         policy = functools.partial(transformer.optimal_within, model=cost)
@@ -353,6 +355,10 @@ def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_devi
     peak = int(reference.estimates["device_peak"])
     plan = optimal.optimal(view, limit=peak, model=model, pins=pins,
                            host_device=host_device, time_limit=time_limit)
+    if plan.estimates["added_seconds"] > reference.estimates["added_seconds"]:
+        # The search stopped at its time limit with a slower plan than mode's own.
+        plan = with_estimates(reference, solver=optimal.SOLVER_REFERENCE,
+                              gap=float("nan"))
     # ome.gradients adds what stays allocated to device_peak; these two leave it out.
     plan = with_estimates(plan, reference_peak=float(peak),
                           planned_peak=plan.estimates["device_peak"],
