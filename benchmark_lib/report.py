@@ -18,8 +18,8 @@ _EXPLAIN_NOISE = ("`~`: the step-time difference to vanilla is smaller than the 
                   "two IQRs, so it is not a measured difference. Each run is timed in a "
                   "process of its own, and on a shared machine a process's speed varies more "
                   "than its steps do (between two sweeps here, ten ratios moved by 10-25% and "
-                  "one by 71%: docs/RESULTS.md); `python benchmark.py --interleaved` times strategies "
-                  "side by side in one process.")
+                  "one by 71%: docs/RESULTS.md); `python benchmark.py --interleaved` times "
+                  "strategies side by side in one process.")
 
 
 def ratio(value, reference):

@@ -60,7 +60,7 @@ import ome  # noqa: E402
 from models import gpt  # noqa: E402
 from ome import estimate, optimal, transformer  # noqa: E402
 from ome.breakdown import MemoryBreakdown, plot_breakdowns, step_breakdown  # noqa: E402
-from ome.measure import measure  # noqa: E402
+from ome.measure import measure, quartiles  # noqa: E402
 
 __all__ = ["CASES", "MODE_CASES", "MODES", "compare", "plot", "validate", "main"]
 
@@ -191,9 +191,8 @@ def _time_in_turn(rows, steps):
         for session in sessions:
             session.close()
     for row, taken in zip(rows, times):
-        row["step_time"] = statistics.median(taken)
-        row["step_time_quartiles"] = tuple(statistics.quantiles(taken, n=4,
-                                                                method="inclusive"))
+        row["step_time_quartiles"] = quartiles(taken)
+        row["step_time"] = row["step_time_quartiles"][1]
         row["time_ratio"] = row["step_time"] / rows[0]["step_time"]
 
 

@@ -106,21 +106,13 @@ def _measure(spec, lock):
     made = {}
     costs = None
 
-    def gradients(ys, xs):
-        start = time.perf_counter()
-        offered = {"memory_budget": spec.budget, "batch_size": spec.batch_size,
-                   "cost_model": costs}
-        options = {k: v for k, v in offered.items()
-                   if k in baselines.options_of(spec.strategy) and v is not None}
-        made["built"] = baselines.build(spec.strategy, ys, xs, **options)
-        made["seconds"] = time.perf_counter() - start
-        return list(made["built"].grads)
-
     try:
         # Only strategies that plan with a cost model get one; the others are not profiled.
         if spec.profile and "cost_model" in baselines.options_of(spec.strategy):
             costs = _profile(spec, lock)
             details["cost_model"] = str(costs)
+        gradients = _strategy_gradients(spec.strategy, made, memory_budget=spec.budget,
+                                        batch_size=spec.batch_size, cost_model=costs)
         graph = tf.Graph()
         with graph.as_default():
             step = models.build_train_step(spec.model, spec.batch_size, spec.image_size,
@@ -166,6 +158,24 @@ def _measure(spec, lock):
     return row, details
 
 
+def _strategy_gradients(strategy, made, **offered):
+    """``gradients(ys, xs)`` building ``strategy`` with those ``offered`` options it takes
+    (None: not given); the :class:`baselines.core.Built` goes to ``made["built"]`` and the
+    seconds it took to ``made["seconds"]``."""
+    import baselines
+
+    options = {k: v for k, v in offered.items()
+               if k in baselines.options_of(strategy) and v is not None}
+
+    def gradients(ys, xs):
+        start = time.perf_counter()
+        made["built"] = baselines.build(strategy, ys, xs, **options)
+        made["seconds"] = time.perf_counter() - start
+        return list(made["built"].grads)
+
+    return gradients
+
+
 def _profile(spec, lock):
     """The cost model of ``spec``'s plain training step (``ome.profile``), measured while
     holding ``lock`` alone, so no other worker runs meanwhile."""
@@ -184,28 +194,23 @@ def _profile(spec, lock):
 
 
 def _rounds(spec):
-    """``{strategy: [step seconds]}`` of ``spec``'s strategies, each built in a graph and
-    session of its own in this process, timed one step of each in turn."""
+    """``{strategy: (q1, median, q3) step seconds}`` of ``spec``'s strategies, each built
+    in a graph and session of its own in this process, timed one step of each in turn."""
     import tensorflow as tf
     import baselines
     import models
     from ome import host
+    from ome.measure import quartiles
 
     runs = []
     for strategy in spec.strategies:
         made = {}
-
-        def gradients(ys, xs, strategy=strategy, made=made):
-            options = {"batch_size": spec.batch_size} \
-                if "batch_size" in baselines.options_of(strategy) else {}
-            made["built"] = baselines.build(strategy, ys, xs, **options)
-            return list(made["built"].grads)
-
         graph = tf.Graph()
         with graph.as_default():
-            step = models.build_train_step(spec.model, spec.batch_size, spec.image_size,
-                                           gradients=gradients,
-                                           **baselines.model_options(strategy))
+            step = models.build_train_step(
+                spec.model, spec.batch_size, spec.image_size,
+                gradients=_strategy_gradients(strategy, made, batch_size=spec.batch_size),
+                **baselines.model_options(strategy))
             session = tf.compat.v1.Session(  # pylint: disable=consider-using-with
                 graph=graph, config=host.session_config(made["built"].config))
             session.run(step.init_op)
@@ -219,7 +224,7 @@ def _rounds(spec):
                 times[strategy].append(time.perf_counter() - start)
     for _, session, _ in runs:
         session.close()
-    return times
+    return {strategy: quartiles(taken) for strategy, taken in times.items()}
 
 
 def _int(value):
@@ -260,7 +265,7 @@ def main(argv=None):
         if isinstance(spec, protocol.ParamsSpec):
             result = {"param_bytes": _param_bytes(spec)}
         elif isinstance(spec, protocol.RoundsSpec):
-            result = {"times": _rounds(spec)}
+            result = {"quartiles": _rounds(spec)}
         else:
             row, details = _measure(spec, lock)
             result = {"row": row.to_dict(), "details": details}

@@ -36,9 +36,20 @@ __all__ = [
     "peak_from_records",
     "per_device_memory",
     "host_rss",
+    "quartiles",
 ]
 
 _MiB = float(1 << 20)
+
+
+def quartiles(times):
+    """``(q1, median, q3)`` of step ``times`` (a non-empty sequence of seconds), the
+    inclusive method (with 5 steps: the 2nd, 3rd and 4th fastest); one time gives three
+    equal values."""
+    if len(times) < 2:
+        return (times[0],) * 3
+    q1, median, q3 = statistics.quantiles(sorted(times), n=4, method="inclusive")
+    return q1, median, q3
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,11 +136,7 @@ class Measurement:
         to be a measured difference rather than noise. Quartiles use the inclusive method
         (with 5 steps: the 2nd, 3rd and 4th fastest); one step gives three equal values.
         """
-        times = sorted(self.step_times)
-        if len(times) < 2:
-            return (times[0],) * 3 if times else (self.step_time,) * 3
-        q1, median, q3 = statistics.quantiles(times, n=4, method="inclusive")
-        return q1, median, q3
+        return quartiles(self.step_times) if self.step_times else (self.step_time,) * 3
 
     def to_dict(self):
         """A JSON-ready dict of every figure, ``memory_cost`` included."""

@@ -53,18 +53,18 @@ def _compare(pool, spec, processes, timeout):
     ratios = {s: [] for s in spec.strategies[1:]}
     for index in range(processes):
         try:
-            times = pool.call(spec, timeout=timeout)["times"]
+            quartiles = pool.call(spec, timeout=timeout)["quartiles"]
         except WorkerFailed as exc:
             print(f"  process {index + 1}: failed: {exc}", flush=True)
             return False
-        medians = {s: statistics.median(t) for s, t in times.items()}
         cells = []
         for strategy in spec.strategies:
-            ratio = medians[strategy] / medians[first]
+            q1, median, q3 = quartiles[strategy]
+            ratio = median / quartiles[first][1]
             if strategy != first:
                 ratios[strategy].append(ratio)
-            cells.append(f"{strategy} {medians[strategy]:.3f} s (IQR "
-                         f"{format_percent(_spread(times[strategy]))}) {ratio:.2f}x")
+            cells.append(f"{strategy} {median:.3f} s (IQR {format_percent((q3 - q1) / median)}) "
+                         f"{ratio:.2f}x")
         print(f"  process {index + 1}: " + " | ".join(cells), flush=True)
     print(f"  {'strategy':<20} {'x ' + first + ' per process':<32} {'median':>6} {'range':>7}")
     for strategy, values in ratios.items():
@@ -72,14 +72,6 @@ def _compare(pool, spec, processes, timeout):
         print(f"  {strategy:<20} {each:<32} {statistics.median(values):>6.2f} "
               f"{max(values) / min(values) - 1:>7.1%}")
     return True
-
-
-def _spread(times):
-    """The interquartile range of ``times`` as a share of their median."""
-    if len(times) < 2:
-        return 0.0
-    q1, median, q3 = statistics.quantiles(times, n=4, method="inclusive")
-    return (q3 - q1) / median
 
 
 MODE = Mode(name="interleaved", flag="--interleaved",
