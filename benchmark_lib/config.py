@@ -8,11 +8,11 @@ import dataclasses
 from typing import Mapping, NamedTuple, Optional, Tuple
 
 from benchmark_lib import catalog
-from benchmark_lib.protocol import RunSpec
+from benchmark_lib.protocol import RoundsSpec, RunSpec
 from benchmark_lib.units import parse_bytes
 
 __all__ = ["Preset", "PRESETS", "TRUSTED_STEPS", "RESULTS_FORMAT", "MAX_BATCH_CAP",
-           "ConfigError", "RunKey", "BenchConfig", "from_args", "check_models"]
+           "ConfigError", "RunKey", "RoundsKey", "BenchConfig", "from_args", "check_models"]
 
 #: Timed steps below which a step time's spread (and so a time ratio) means little.
 TRUSTED_STEPS = 5
@@ -35,11 +35,12 @@ class Preset:
     out: str
 
 
-#: The default sweep samples the ResNet depths and InceptionV4. Batch 16 at 112x112 makes
-#: activations, not weights, most of the memory (at batch 4, 64x64 weights are 85-95% of
-#: max_mem and the strategies cannot be told apart).
-QUICK = Preset("quick", ("resnet18", "resnet50", "resnet101", "inception_v4"), 112, (16,),
-               TRUSTED_STEPS, 600.0, 2, "results")
+#: The default sweep: two ResNet depths and InceptionV4, about 8.5 min on 2 cores (ResNet-101
+#: made it 14). Batch 16 at 112x112 makes activations, not weights, most of the memory (at
+#: batch 4, 64x64 weights are 85-95% of max_mem and the strategies cannot be told apart).
+#: Three jobs: memory runs do not need the cores alone, only the rounds timing steps do.
+QUICK = Preset("quick", ("resnet18", "resnet50", "inception_v4"), 112, (16,),
+               TRUSTED_STEPS, 600.0, 3, "results")
 #: The thesis's setting: 224x224, batch 32 and 128, every model, one worker at a time.
 THESIS = Preset("thesis", None, 224, (32, 128), TRUSTED_STEPS, 3600.0, 1, "results/thesis")
 PRESETS = {p.name: p for p in (QUICK, THESIS)}
@@ -60,6 +61,17 @@ class RunKey(NamedTuple):
         return f"{self.model}/{self.strategy} b={self.batch_size}"
 
 
+class RoundsKey(NamedTuple):
+    """The strategies of one model and batch whose steps are timed together, in rounds."""
+
+    model: str
+    batch_size: int
+    strategies: Tuple[str, ...]
+
+    def __str__(self):
+        return f"{self.model} b={self.batch_size} step times"
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """A checked invocation of a measuring mode (``sweep`` or ``max-batch``).
@@ -68,7 +80,11 @@ class BenchConfig:
     to a model's minimum). ``existing`` says what to do with rows already in ``out``:
     ``"refuse"``, ``"resume"`` or ``"overwrite"`` (see :mod:`benchmark_lib.resume`).
     ``notes`` are remarks about the arguments for the user. ``profile``: every run profiles
-    the plain step first and plans with the measured costs (see ``RunSpec``).
+    the plain step first and plans with the measured costs (see ``RunSpec``). ``timing``:
+    ``"alone"`` times each run's steps in its own worker; ``"rounds"`` (the sweep) measures
+    memory in a worker per run (one timed step) and times the strategies of each model and
+    batch in one worker, one step of each in turn (:meth:`rounds_spec`), so their ratios do
+    not carry the speed differences between processes.
     """
 
     mode: str
@@ -88,12 +104,13 @@ class BenchConfig:
     existing: str
     notes: Tuple[str, ...] = ()
     profile: bool = False
+    timing: str = "alone"
 
     def settings(self):
         """What results resumed into this run must have been measured with."""
         return {"format": RESULTS_FORMAT, "mode": self.mode, "image_size": self.image_size,
                 "steps": self.steps, "warmup": self.warmup, "budget_bytes": self.budget,
-                "profile": self.profile}
+                "profile": self.profile, "timing": self.timing}
 
     def runs(self):
         """Every (model, strategy, batch) asked for: by model, then batch, then strategy."""
@@ -101,22 +118,30 @@ class BenchConfig:
                 for s in self.strategies]
 
     def spec(self, key, measure_lock=None):
-        """The worker spec measuring ``key``."""
+        """The worker spec measuring ``key`` (one timed step when the rounds time it)."""
         return RunSpec(model=key.model, strategy=key.strategy, batch_size=key.batch_size,
-                       image_size=self.image_sizes[key.model], steps=self.steps,
+                       image_size=self.image_sizes[key.model],
+                       steps=1 if self.timing == "rounds" else self.steps,
                        warmup=self.warmup, budget=self.budget, measure_lock=measure_lock,
-                       profile=self.profile)
+                       profile=self.profile, timed=self.timing != "rounds")
+
+    def rounds_spec(self, key, measure_lock=None):
+        """The worker spec timing the strategies of :class:`RoundsKey` ``key`` in rounds."""
+        return RoundsSpec(model=key.model, strategies=key.strategies,
+                          batch_size=key.batch_size, image_size=self.image_sizes[key.model],
+                          steps=self.steps, warmup=self.warmup, measure_lock=measure_lock)
 
     def to_dict(self):
         return dataclasses.asdict(self)
 
 
 def from_args(args, mode, *, out=None, batch_sizes=None, jobs=None, models=None,
-              strategies=None, image_size=None, profile=False):
+              strategies=None, image_size=None, profile=False, timing="alone"):
     """Check ``args`` (from :func:`benchmark_lib.cli.make_parser`) into a :class:`BenchConfig`.
 
     ``out``, ``batch_sizes``, ``jobs``, ``models``, ``strategies`` and ``image_size`` replace
-    the preset's defaults for ``mode``. Raises :class:`ConfigError`.
+    the preset's defaults for ``mode``; ``profile`` and ``timing`` are the mode's (see
+    :class:`BenchConfig`). Raises :class:`ConfigError`.
     """
     preset = PRESETS[args.preset or "quick"]
     if models is not None:
@@ -142,7 +167,7 @@ def from_args(args, mode, *, out=None, batch_sizes=None, jobs=None, models=None,
         timeout=args.timeout or preset.timeout, jobs=args.jobs or jobs or preset.jobs,
         batch_cap=args.batch_cap or MAX_BATCH_CAP,
         existing="resume" if args.resume else "overwrite" if args.overwrite else "refuse",
-        notes=tuple(notes), profile=profile)
+        notes=tuple(notes), profile=profile, timing=timing)
 
 
 def check_models(args, default):

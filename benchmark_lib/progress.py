@@ -44,8 +44,10 @@ def cost(model, batch, image):
 class Estimator:
     """Time left, from the wall time of finished runs.
 
-    A pending run is expected to take the mean of the finished runs of its model and batch;
-    a model and batch not seen yet, the mean of all finished runs scaled by :func:`cost`.
+    A run is a ``RunKey`` (one worker measuring one strategy) or a ``RoundsKey`` (one worker
+    timing several strategies in rounds). A pending run is expected to take the mean of the
+    finished runs of its kind, model and batch; otherwise the mean of all finished runs
+    scaled by :func:`cost`, times the number of strategies a ``RoundsKey`` builds and runs.
     The sum is divided by the parallelism measured in this invocation (wall time summed
     over its runs / elapsed time; 1 before any run ended), at most ``jobs``.
     """
@@ -58,8 +60,8 @@ class Estimator:
 
     def add(self, key, image, seconds, *, earlier=False):
         """Record a finished run (``earlier``: from results this invocation resumed)."""
-        self.seen.setdefault((key.model, key.batch_size), []).append(seconds)
-        self.costs.append((seconds, cost(key.model, key.batch_size, image)))
+        self.seen.setdefault(_kind(key), []).append(seconds)
+        self.costs.append((seconds, _cost(key, image)))
         if not earlier:
             self.busy += seconds
 
@@ -70,11 +72,20 @@ class Estimator:
         per_cost = sum(s for s, _ in self.costs) / sum(c for _, c in self.costs)
         total = 0.0
         for key, image in pending:
-            same = self.seen.get((key.model, key.batch_size))
-            total += (sum(same) / len(same) if same
-                      else per_cost * cost(key.model, key.batch_size, image))
+            same = self.seen.get(_kind(key))
+            total += sum(same) / len(same) if same else per_cost * _cost(key, image)
         parallel = min(self.jobs, max(1.0, self.busy / elapsed)) if elapsed > 0 else 1.0
         return total / parallel
+
+
+def _kind(key):
+    return type(key).__name__, key.model, key.batch_size
+
+
+def _cost(key, image):
+    """:func:`cost` of a run; a ``RoundsKey``'s times the strategies it builds and runs."""
+    strategies = getattr(key, "strategies", None)
+    return cost(key.model, key.batch_size, image) * (len(strategies) if strategies else 1)
 
 
 def _tqdm(total, stream):

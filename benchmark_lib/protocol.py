@@ -28,7 +28,9 @@ class RunSpec:
     while it builds and alone while it runs steps, so timed steps share the cores with no
     other worker's work. With ``profile`` the worker first profiles the plain step
     (``ome.profile``) and gives the cost model to strategies that take one, and the row
-    carries the plan's predictions.
+    carries the plan's predictions. ``timed`` False: the step times are not used (the
+    sweep's rounds time the steps), so the steps run holding the lock shared, beside other
+    workers' building and memory runs, and only the rounds wait for them.
     """
 
     model: str
@@ -40,6 +42,7 @@ class RunSpec:
     budget: Optional[int] = None
     measure_lock: Optional[str] = None
     profile: bool = False
+    timed: bool = True
     task: str = "run"
 
 
@@ -55,7 +58,11 @@ class ParamsSpec:
 @dataclasses.dataclass(frozen=True)
 class RoundsSpec:
     """Time ``strategies`` of ``model`` in one process, in rounds: after ``warmup`` steps
-    of each, ``steps`` rounds of one step of each in turn (``--interleaved``)."""
+    of each, ``steps`` rounds of one step of each in turn (the sweep's step times,
+    ``--interleaved``). ``measure_lock`` as in :class:`RunSpec`, held alone for all the
+    rounds. The result's ``quartiles`` map each strategy timed to its step seconds'
+    ``(q1, median, q3)``; ``failed`` maps a strategy that could not be built or run to why.
+    """
 
     model: str
     strategies: Tuple[str, ...]
@@ -63,6 +70,7 @@ class RoundsSpec:
     image_size: int
     steps: int
     warmup: int
+    measure_lock: Optional[str] = None
     task: str = "rounds"
 
 
@@ -86,7 +94,9 @@ def decode_spec(text):
     """The spec encoded by :func:`encode_spec`; ``ValueError`` for anything else."""
     try:
         data = json.loads(text)
-        return _SPECS[data["task"]](**data)
+        # JSON has no tuples: the specs' sequences come back as lists
+        return _SPECS[data["task"]](**{k: tuple(v) if isinstance(v, list) else v
+                                       for k, v in data.items()})
     except (TypeError, KeyError, json.JSONDecodeError) as exc:
         raise ValueError(f"not a worker spec ({type(exc).__name__}: {exc}): {text[:200]}") from None
 

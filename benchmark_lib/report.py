@@ -15,11 +15,7 @@ _EXPLAIN_MEMORY = (
     "swapped, a lower bound (off by at most the host peak) when something is. With a GPU, "
     "`device peak` is `max_mem`.")
 _EXPLAIN_NOISE = ("`~`: the step-time difference to vanilla is smaller than the larger of the "
-                  "two IQRs, so it is not a measured difference. Each run is timed in a "
-                  "process of its own, and on a shared machine a process's speed varies more "
-                  "than its steps do (between two sweeps here, ten ratios moved by 10-25% and "
-                  "one by 71%: docs/RESULTS.md); `python benchmark.py --interleaved` times "
-                  "strategies side by side in one process.")
+                  "two IQRs, so it is not a measured difference.")
 
 
 def ratio(value, reference):
@@ -54,12 +50,21 @@ def header(meta, rows):
               if len(sizes) > 1 else "".join(f"{s}x{s}" for s in sizes) or "—")
     batches = ", ".join(str(b) for b in sorted({r.batch_size for r in rows})) or "—"
     jobs = config["jobs"]
-    lines.append(
-        f"Images {images}; batch {batches}; {config['steps']} timed steps after "
-        f"{config['warmup']} warm-up per run, in a fresh process; step time: the median; "
-        f"spread: the interquartile range (IQR) as a % of it. Timed steps ran one worker at a "
-        f"time" + (f" ({jobs} workers overlapped start-up and graph building, and nothing "
-                   f"else ran while steps did)." if jobs > 1 else "."))
+    if config.get("timing") == "rounds":
+        lines.append(
+            f"Images {images}; batch {batches}. Memory: one step after {config['warmup']} "
+            f"warm-up, in a fresh process per run ({jobs} at a time). Step time: one more "
+            f"process per model and batch builds all its strategies and times "
+            f"{config['steps']} rounds of one step of each in turn, after {config['warmup']} "
+            f"warm-up round(s), with nothing else running; the median, and its spread, the "
+            f"interquartile range (IQR) as a % of it.")
+    else:
+        lines.append(
+            f"Images {images}; batch {batches}; {config['steps']} timed steps after "
+            f"{config['warmup']} warm-up per run, in a fresh process; step time: the median; "
+            f"spread: the interquartile range (IQR) as a % of it. Timed steps ran one worker "
+            f"at a time" + (f" ({jobs} workers overlapped start-up and graph building, and "
+                            f"nothing else ran while steps did)." if jobs > 1 else "."))
     if config.get("budget") is not None:
         lines.append(f"Memory budget: {format_mib(config['budget'])} MiB.")
     return lines

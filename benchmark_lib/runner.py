@@ -7,11 +7,12 @@ so an interrupted invocation loses nothing that finished. The echo shows the INF
 with the run, whenever a strategy runs; other worker output only appears in the reason of a
 failed run.
 """
+import dataclasses
 import signal
 import threading
 import time
 
-from benchmark_lib.config import ConfigError
+from benchmark_lib.config import ConfigError, RunKey
 from benchmark_lib.environment import machine_info, now, tensorflow_version
 from benchmark_lib.pool import WorkerFailed
 from benchmark_lib.progress import Estimator
@@ -22,15 +23,16 @@ from benchmark_lib.units import format_mib, format_percent, one_line
 __all__ = ["Runner", "describe", "guarded"]
 
 
-def describe(row):
-    """One line about a finished run: peak, step time and what the strategy kept and swapped,
-    or why it failed."""
+def describe(row, step_time=True):
+    """One line about a finished run: peak, step time (unless not ``step_time``) and what the
+    strategy kept and swapped, or why it failed."""
     if not row.ok:
         return f"{row.key}: {row.status}: {one_line(row.reason or '', 160)}"
     counts = [f"{n} {what}" for n, what in ((row.checkpoint_count, "checkpoints"),
                                             (row.swapped_count, "swapped")) if n]
-    return (f"{row.key}: ok, device peak {format_mib(row.device_peak_bytes)} MiB, "
-            f"{row.step_time_s:.3f} s/step (IQR {format_percent(row.spread)})"
+    return (f"{row.key}: ok, device peak {format_mib(row.device_peak_bytes)} MiB"
+            + (f", {row.step_time_s:.3f} s/step (IQR {format_percent(row.spread)})"
+               if step_time else "")
             + "".join(f", {c}" for c in counts))
 
 
@@ -55,6 +57,7 @@ class Runner:
         self.details = dict(start.details)
         self.max_batch = {(s.model, s.strategy): s for s in start.max_batch}
         self.measured = []  # keys measured by this invocation, in order
+        self.timings = {}  # RunKey -> ("ok", (q1, median, q3)) or ("failed", reason)
         self.estimator = Estimator(pool.jobs)
         for key, facts in self.details.items():  # earlier runs' durations inform the estimate
             if "wall_s" in facts and key in self.rows:
@@ -86,9 +89,56 @@ class Runner:
         with self._lock:
             self.rows[key] = row
             self.details[key] = dict(details, wall_s=round(seconds, 2))
+            self._take_timing(key)
             self.measured.append(key)
             self.save()
-        return row, seconds
+        return self.rows[key], seconds
+
+    def time_rounds(self, key):
+        """Time the strategies of ``RoundsKey`` ``key`` in one worker, in rounds; their rows,
+        measured already or later, take these step times. Returns ``(text, seconds)``."""
+        self.console.say(f"start {key}: {', '.join(key.strategies)}, one step of each in turn")
+        started = time.monotonic()
+        try:
+            # no echo: the runs' own workers showed the strategies' log lines already
+            result = self.pool.call(self.config.rounds_spec(key, self.pool.measure_lock),
+                                    timeout=self.config.timeout * len(key.strategies))
+        except WorkerFailed as exc:
+            result = {"quartiles": {}, "failed": dict.fromkeys(key.strategies, str(exc))}
+        seconds = time.monotonic() - started
+        with self._lock:
+            for strategy in key.strategies:
+                run = RunKey(key.model, strategy, key.batch_size)
+                quartiles = result["quartiles"].get(strategy)
+                self.timings[run] = (("ok", tuple(quartiles)) if quartiles else
+                                     ("failed", result["failed"].get(strategy, "not timed")))
+                self._take_timing(run)
+            self.save()
+        failed = ", ".join(f"{s}: {one_line(r, 160)}" for s, r in result["failed"].items())
+        timed = len(key.strategies) - len(result["failed"])
+        return (f"{key}: {timed} of {len(key.strategies)} strategies timed in "
+                f"{self.config.steps} rounds" + (f"; failed: {failed}" if failed else "")), seconds
+
+    def _take_timing(self, key):
+        """Give ``key``'s row its step time from the rounds, once both have arrived: the
+        memory worker's own single timed step goes to its details; a run the rounds could
+        not time is an error (measured again on ``--resume``)."""
+        row, timing = self.rows.get(key), self.timings.get(key)
+        if row is None or timing is None or not row.ok:
+            return
+        self.details[key]["alone_step_time_s"] = row.step_time_s
+        outcome, value = timing
+        if outcome == "ok":
+            q1, median, q3 = value
+            row = dataclasses.replace(row, step_time_s=median, step_time_q1_s=q1,
+                                      step_time_q3_s=q3, timed_steps=self.config.steps,
+                                      images_per_s=row.batch_size / median if median else None)
+        else:
+            row = dataclasses.replace(row, status="error",
+                                      reason=f"memory measured, step time not: the rounds "
+                                             f"failed: {value}")
+        self.rows[key] = row
+        del self.timings[key]
 
     def check_budget(self):
         """Refuse a budget below a model's parameter bytes (counted in one worker)."""

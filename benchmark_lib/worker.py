@@ -124,7 +124,7 @@ def _measure(spec, lock):
             details["info"] = info
             # session_config keeps the emulated host device even when the strategy sets a config
             config = host.session_config(made["built"].config)
-            with lock.exclusive() as waited:
+            with lock.exclusive() if spec.timed else contextlib.nullcontext(0.0) as waited:
                 details["measure_wait_s"] = round(waited, 3)
                 with tf.compat.v1.Session(graph=graph, config=config) as session:
                     session.run(step.init_op)
@@ -193,38 +193,53 @@ def _profile(spec, lock):
                                host_device=host.default_host_device())
 
 
-def _rounds(spec):
-    """``{strategy: (q1, median, q3) step seconds}`` of ``spec``'s strategies, each built
-    in a graph and session of its own in this process, timed one step of each in turn."""
+def _rounds(spec, lock):
+    """The :class:`~benchmark_lib.protocol.RoundsSpec` result: ``spec``'s strategies, each
+    built in a graph and session of its own in this process, timed one step of each in turn
+    while holding ``lock`` alone. A strategy that fails to build or to run leaves the rounds
+    with its reason in ``failed``; the others go on."""
     import tensorflow as tf
     import baselines
     import models
     from ome import host
     from ome.measure import quartiles
 
-    runs = []
+    runs, failed = {}, {}
     for strategy in spec.strategies:
         made = {}
         graph = tf.Graph()
-        with graph.as_default():
-            step = models.build_train_step(
-                spec.model, spec.batch_size, spec.image_size,
-                gradients=_strategy_gradients(strategy, made, batch_size=spec.batch_size),
-                **baselines.model_options(strategy))
-            session = tf.compat.v1.Session(  # pylint: disable=consider-using-with
-                graph=graph, config=host.session_config(made["built"].config))
-            session.run(step.init_op)
-        runs.append((strategy, session, step))
-    times = {strategy: [] for strategy in spec.strategies}
-    for round_ in range(spec.warmup + spec.steps):
-        for strategy, session, step in runs:
-            start = time.perf_counter()
-            session.run(step.train_op, step.feed_dict)
-            if round_ >= spec.warmup:
-                times[strategy].append(time.perf_counter() - start)
-    for _, session, _ in runs:
+        try:
+            with graph.as_default():
+                step = models.build_train_step(
+                    spec.model, spec.batch_size, spec.image_size,
+                    gradients=_strategy_gradients(strategy, made, batch_size=spec.batch_size),
+                    **baselines.model_options(strategy))
+                session = tf.compat.v1.Session(  # pylint: disable=consider-using-with
+                    graph=graph, config=host.session_config(made["built"].config))
+                session.run(step.init_op)
+        except Exception as exc:  # pylint: disable=broad-except  # one failure, not the rounds'
+            logging.getLogger("benchmark").warning("%s failed to build", strategy, exc_info=True)
+            failed[strategy] = _first_lines(exc)
+            continue
+        runs[strategy] = (session, step)
+    times = {strategy: [] for strategy in runs}
+    with lock.exclusive():
+        for round_ in range(spec.warmup + spec.steps):
+            for strategy, (session, step) in list(runs.items()):
+                start = time.perf_counter()
+                try:
+                    session.run(step.train_op, step.feed_dict)
+                except tf.errors.OpError as exc:
+                    failed[strategy] = _first_lines(exc)
+                    del runs[strategy], times[strategy]
+                    session.close()
+                    continue
+                if round_ >= spec.warmup:
+                    times[strategy].append(time.perf_counter() - start)
+    for session, _ in runs.values():
         session.close()
-    return {strategy: quartiles(taken) for strategy, taken in times.items()}
+    return {"quartiles": {strategy: quartiles(taken) for strategy, taken in times.items()},
+            "failed": failed}
 
 
 def _int(value):
@@ -265,7 +280,7 @@ def main(argv=None):
         if isinstance(spec, protocol.ParamsSpec):
             result = {"param_bytes": _param_bytes(spec)}
         elif isinstance(spec, protocol.RoundsSpec):
-            result = {"quartiles": _rounds(spec)}
+            result = _rounds(spec, lock)
         else:
             row, details = _measure(spec, lock)
             result = {"row": row.to_dict(), "details": details}

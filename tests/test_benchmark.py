@@ -18,7 +18,7 @@ import benchmark
 from benchmark_lib import catalog, cli, config, plots, progress, protocol, report, resume, runner
 from benchmark_lib.bisect import largest_fitting
 from benchmark_lib.config import ConfigError, RunKey
-from benchmark_lib.modes import all_modes, frontier, max_batch, simulator_check
+from benchmark_lib.modes import all_modes, frontier, max_batch, simulator_check, sweep
 from benchmark_lib.pool import Pool, WorkerFailed
 from benchmark_lib.storage import COLUMNS, MaxBatchResult, ResultsFolder, Row
 from benchmark_lib.units import parse_bytes
@@ -530,9 +530,9 @@ def _parse(argv):
 
 def test_defaults_and_image_sizes_raised_for_models_not_named(tmp_path):
     default = config.from_args(_parse([]), "sweep")
-    assert default.models == ("resnet18", "resnet50", "resnet101", "inception_v4")
+    assert default.models == ("resnet18", "resnet50", "inception_v4")
     assert default.image_sizes == dict.fromkeys(default.models, 112)
-    assert default.batch_sizes == (16,) and default.jobs == 2 and default.steps == 5
+    assert default.batch_sizes == (16,) and default.jobs == 3 and default.steps == 5
     assert default.strategies[0] == "vanilla" and "ome-budget" not in default.strategies
     assert default.existing == "refuse" and default.out == "results"
     small = config.from_args(_parse(["--image-size", "32", "--steps", "2"]), "sweep")
@@ -603,6 +603,97 @@ def test_max_batch_search_bisects_on_device_peak_and_stops_at_errors():
 
 
 # ----------------------------------------------------------------------------------------
+# The sweep's step times, timed in rounds (with the workers faked)
+# ----------------------------------------------------------------------------------------
+
+
+class _CannedPool:
+    """A one-job pool answering run specs from ``rows`` and rounds specs with ``rounds``."""
+
+    jobs, measure_lock = 1, None
+
+    def __init__(self, rows, rounds):
+        self.rows, self.rounds, self.specs = rows, rounds, []
+
+    def call(self, spec, *, timeout, on_log=lambda record: None):
+        self.specs.append(spec)
+        if isinstance(spec, protocol.RoundsSpec):
+            return self.rounds
+        return {"row": self.rows[spec.strategy].to_dict(), "details": {}}
+
+
+def test_sweep_tasks_time_each_model_and_batch_after_its_runs():
+    cfg = config.from_args(_parse(["--models", "resnet18,resnet50", "--strategies",
+                                   "vanilla,ome", "--batch-size", "4,8"]), "sweep",
+                           timing="rounds")
+    tasks = sweep._tasks(cfg.runs())
+    assert [str(t) for t in tasks] == [
+        "resnet18/vanilla b=4", "resnet18/ome b=4", "resnet18/vanilla b=8", "resnet18/ome b=8",
+        "resnet50/vanilla b=4", "resnet50/ome b=4", "resnet50/vanilla b=8", "resnet50/ome b=8",
+        "resnet18 b=4 step times", "resnet18 b=8 step times", "resnet50 b=4 step times",
+        "resnet50 b=8 step times"]
+    assert tasks[8].strategies == ("vanilla", "ome")
+    # memory runs time one step, beside other workers; the rounds time the configured steps
+    assert cfg.spec(tasks[0]).steps == 1 and not cfg.spec(tasks[0]).timed
+    assert cfg.rounds_spec(tasks[8]).steps == cfg.steps
+    assert sweep._tasks([RunKey("resnet18", "ome", 4)])[-1].strategies == ("ome",)
+
+
+def test_rows_take_the_rounds_step_times_whichever_arrives_first(tmp_path):
+    cfg = config.from_args(_parse(["--model", "resnet18", "--strategies", "vanilla,ome,lms",
+                                   "--out", str(tmp_path)]), "sweep", timing="rounds")
+    alone = {s: _row(s, model="resnet18", batch=16, time_s=9.0) for s in cfg.strategies}
+    rounds = {"quartiles": {"vanilla": [0.9, 1.0, 1.1], "ome": [1.1, 1.2, 1.4]},
+              "failed": {"lms": "ResourceExhaustedError: OOM"}}
+    pool = _CannedPool(alone, rounds)
+    run = runner.Runner(cfg, resume.plan(cfg, lambda k: True).start,
+                        progress.Console(io.StringIO()), pool)
+    keys = {k.strategy: k for k in cfg.runs()}
+    runner_vanilla, _ = run.measure(keys["vanilla"])
+    assert runner_vanilla.step_time_s == 9.0  # the memory worker's own step, for now
+    text, _ = run.time_rounds(sweep._tasks(cfg.runs())[-1])
+    assert text == ("resnet18 b=16 step times: 2 of 3 strategies timed in 5 rounds; failed: "
+                    "lms: ResourceExhaustedError: OOM")
+    for strategy in ("ome", "lms"):  # their memory rows arrive after the rounds
+        run.measure(keys[strategy])
+    vanilla, ome, lms = (run.rows[keys[s]] for s in cfg.strategies)
+    assert (vanilla.step_time_s, vanilla.step_time_q1_s, vanilla.step_time_q3_s) == (1.0, 0.9, 1.1)
+    assert (ome.step_time_s, ome.timed_steps, ome.images_per_s) == (1.2, 5, 16 / 1.2)
+    assert ome.spread == pytest.approx(0.25)
+    assert run.details[keys["ome"]]["alone_step_time_s"] == 9.0
+    assert lms.status == "error" and lms.device_peak_bytes == alone["lms"].device_peak_bytes
+    assert lms.reason == ("memory measured, step time not: the rounds failed: "
+                          "ResourceExhaustedError: OOM")
+    saved = ResultsFolder(str(tmp_path)).load()
+    assert {r.strategy: r.step_time_s for r in saved.rows} == {"vanilla": 1.0, "ome": 1.2,
+                                                               "lms": 9.0}
+    assert [type(s).__name__ for s in pool.specs] == ["RunSpec", "RoundsSpec", "RunSpec",
+                                                      "RunSpec"]
+
+
+def test_a_strategy_failing_in_the_rounds_leaves_the_others_timed(monkeypatch):
+    import baselines
+    from benchmark_lib import worker
+
+    real_build = baselines.build
+
+    def build(strategy, ys, xs, **options):
+        if strategy == "openai":
+            raise RuntimeError("openai broke")
+        return real_build(strategy, ys, xs, **options)
+
+    monkeypatch.setattr(baselines, "build", build)
+    spec = protocol.RoundsSpec("resnet18", ("vanilla", "openai", "ome"), 2, 32, steps=3,
+                               warmup=0)
+    with worker._CpuLock(None) as lock:
+        result = worker._rounds(spec, lock)
+    assert result["failed"] == {"openai": "RuntimeError: openai broke"}
+    assert set(result["quartiles"]) == {"vanilla", "ome"}
+    for q1, median, q3 in result["quartiles"].values():
+        assert 0 < q1 <= median <= q3
+
+
+# ----------------------------------------------------------------------------------------
 # Workers
 # ----------------------------------------------------------------------------------------
 
@@ -610,6 +701,9 @@ def test_max_batch_search_bisects_on_device_peak_and_stops_at_errors():
 def test_specs_and_messages_round_trip():
     spec = protocol.RunSpec("resnet18", "ome", 2, 32, steps=5, warmup=1, measure_lock="/x")
     assert protocol.decode_spec(protocol.encode_spec(spec)) == spec
+    rounds = protocol.RoundsSpec("resnet18", ("vanilla", "ome"), 2, 32, steps=5, warmup=1,
+                                 measure_lock="/x")
+    assert protocol.decode_spec(protocol.encode_spec(rounds)) == rounds
     with pytest.raises(ValueError, match="not a worker spec"):
         protocol.decode_spec('{"task": "dance"}')
     record = protocol.LogRecord("baselines.lms", "INFO", "Editing model for LMS")

@@ -53,10 +53,15 @@ def _compare(pool, spec, processes, timeout):
     ratios = {s: [] for s in spec.strategies[1:]}
     for index in range(processes):
         try:
-            quartiles = pool.call(spec, timeout=timeout)["quartiles"]
+            result = pool.call(spec, timeout=timeout)
         except WorkerFailed as exc:
             print(f"  process {index + 1}: failed: {exc}", flush=True)
             return False
+        for strategy, reason in result["failed"].items():
+            print(f"  process {index + 1}: {strategy} failed: {reason}", flush=True)
+        if result["failed"]:
+            return False
+        quartiles = result["quartiles"]
         cells = []
         for strategy in spec.strategies:
             q1, median, q3 = quartiles[strategy]
