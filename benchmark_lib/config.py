@@ -17,7 +17,7 @@ __all__ = ["Preset", "PRESETS", "TRUSTED_STEPS", "RESULTS_FORMAT", "MAX_BATCH_CA
 #: Timed steps below which a step time's spread (and so a time ratio) means little.
 TRUSTED_STEPS = 5
 #: Bumped whenever a column changes meaning, so older results are not resumed into new ones.
-RESULTS_FORMAT = 4
+RESULTS_FORMAT = 3
 MAX_BATCH_CAP = 2048
 
 

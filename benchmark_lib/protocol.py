@@ -61,9 +61,7 @@ class RoundsSpec:
     of each, ``steps`` rounds of one step of each in turn (the sweep's step times,
     ``--interleaved``). ``measure_lock`` as in :class:`RunSpec`, held alone for all the
     rounds. The result's ``quartiles`` map each strategy timed to its step seconds'
-    ``(q1, median, q3)``, ``ratios`` to the median of its per-round ratios to the first
-    strategy's step (``ome.measure.paired_ratio``); ``failed`` maps a strategy that could not
-    be built or run to why.
+    ``(q1, median, q3)``; ``failed`` maps a strategy that could not be built or run to why.
     """
 
     model: str

@@ -4,8 +4,7 @@ from benchmark_lib.storage import STATUSES, sort_rows
 from benchmark_lib.units import format_mib, format_percent, one_line, plural
 
 __all__ = ["header", "sweep_tables", "sweep_markdown", "max_batch_table", "max_batch_markdown",
-           "noise_warnings", "within_spread", "ratio", "time_ratio", "count_statuses",
-           "count_probes"]
+           "noise_warnings", "within_spread", "ratio", "count_statuses", "count_probes"]
 
 _EXPLAIN_MEMORY = (
     "Memory in MiB, time in seconds per step; `×vanilla` columns divide by the vanilla row of "
@@ -14,8 +13,7 @@ _EXPLAIN_MEMORY = (
     "the accelerator (CPU:0) and the host (CPU:1) share that allocator, so `device peak` is "
     "`max_mem` minus the host's peak in a traced step: equal to `max_mem` when nothing is "
     "swapped, a lower bound (off by at most the host peak) when something is. With a GPU, "
-    "`device peak` is `max_mem`. Step times timed in rounds: the time `×vanilla` is the "
-    "median over the rounds of the step's time over vanilla's in the same round.")
+    "`device peak` is `max_mem`.")
 _EXPLAIN_NOISE = ("`~`: the step-time difference to vanilla is smaller than the larger of the "
                   "two IQRs, so it is not a measured difference.")
 
@@ -27,14 +25,6 @@ def ratio(value, reference):
     return value / reference
 
 
-def time_ratio(row, reference):
-    """``row``'s step time over ``reference``'s (vanilla's): the paired ratio of the rounds
-    (``Row.step_time_ratio``) when it has one, else the ratio of the medians."""
-    if row.step_time_ratio is not None:
-        return row.step_time_ratio
-    return ratio(row.step_time_s, reference.step_time_s)
-
-
 def within_spread(row, reference):
     """Whether ``row``'s step time differs from ``reference``'s by less than the larger of
     their interquartile ranges (False when either has no spread)."""
@@ -42,7 +32,7 @@ def within_spread(row, reference):
         return False
     iqr = max(row.step_time_q3_s - row.step_time_q1_s,
               reference.step_time_q3_s - reference.step_time_q1_s)
-    return abs(time_ratio(row, reference) - 1) * reference.step_time_s < iqr
+    return abs(row.step_time_s - reference.step_time_s) < iqr
 
 
 def header(meta, rows):
@@ -117,14 +107,15 @@ def sweep_tables(rows, model_order=(), strategy_order=()):
         ref = _reference(group)
         table, notes, noisy = [], [], False
         for r in group:
-            time_cell = _fmt(time_ratio(r, ref) if ref and r.ok else None, ".2f")
+            time_ratio = _fmt(ratio(r.step_time_s, ref.step_time_s) if ref and r.ok else None,
+                              ".2f")
             if ref and r.ok and r is not ref and within_spread(r, ref):
-                time_cell, noisy = time_cell + "~", True
+                time_ratio, noisy = time_ratio + "~", True
             table.append([r.strategy, r.status, *_memory_cells(r, ref, "device_peak_bytes"),
                           *_memory_cells(r, ref, "memory_cost_bytes"),
                           *_memory_cells(r, ref, "max_mem_bytes"),
                           _fmt(r.step_time_s if r.ok else None, ".3f"), format_percent(r.spread),
-                          time_cell, _fmt(r.images_per_s if r.ok else None, ".1f")])
+                          time_ratio, _fmt(r.images_per_s if r.ok else None, ".1f")])
             if not r.ok and r.reason:
                 notes.append(f"- {r.strategy}: {r.status}: {one_line(r.reason)}")
         lines += [f"## {model}, batch {batch}, image {image}x{image}", ""] + _table(columns, table)
@@ -149,7 +140,7 @@ def noise_warnings(rows):
         for r in group:
             if ref and r.ok and r is not ref and within_spread(r, ref):
                 warnings.append(
-                    f"{r.key}: step time {time_ratio(r, ref):.2f}x vanilla is "
+                    f"{r.key}: step time {ratio(r.step_time_s, ref.step_time_s):.2f}x vanilla is "
                     f"within the spread (IQR {format_percent(r.spread)}, vanilla "
                     f"{format_percent(ref.spread)})")
     return warnings

@@ -57,7 +57,7 @@ class Runner:
         self.details = dict(start.details)
         self.max_batch = {(s.model, s.strategy): s for s in start.max_batch}
         self.measured = []  # keys measured by this invocation, in order
-        self.timings = {}  # RunKey -> ("ok", ((q1, median, q3), ratio)) or ("failed", reason)
+        self.timings = {}  # RunKey -> ("ok", (q1, median, q3)) or ("failed", reason)
         self.estimator = Estimator(pool.jobs)
         for key, facts in self.details.items():  # earlier runs' durations inform the estimate
             if "wall_s" in facts and key in self.rows:
@@ -110,11 +110,7 @@ class Runner:
             for strategy in key.strategies:
                 run = RunKey(key.model, strategy, key.batch_size)
                 quartiles = result["quartiles"].get(strategy)
-                # the worker's ratios are to the first strategy: a ratio to vanilla only if
-                # vanilla was timed (not resumed from an earlier run)
-                paired = (result["ratios"].get(strategy) if key.strategies[0] == "vanilla"
-                          else None)
-                self.timings[run] = (("ok", (tuple(quartiles), paired)) if quartiles else
+                self.timings[run] = (("ok", tuple(quartiles)) if quartiles else
                                      ("failed", result["failed"].get(strategy, "not timed")))
                 self._take_timing(run)
             self.save()
@@ -133,10 +129,9 @@ class Runner:
         self.details[key]["alone_step_time_s"] = row.step_time_s
         outcome, value = timing
         if outcome == "ok":
-            (q1, median, q3), paired = value
+            q1, median, q3 = value
             row = dataclasses.replace(row, step_time_s=median, step_time_q1_s=q1,
                                       step_time_q3_s=q3, timed_steps=self.config.steps,
-                                      step_time_ratio=paired,
                                       images_per_s=row.batch_size / median if median else None)
         else:
             row = dataclasses.replace(row, status="error",

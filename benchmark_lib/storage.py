@@ -32,9 +32,7 @@ class Row:
     ``status`` is ``ok``, ``oom`` (out of memory, or over the budget) or ``error`` (with the
     cause in ``reason``). ``step_time_s`` is the median of ``timed_steps`` steps and
     ``step_time_q1_s``/``step_time_q3_s`` their quartiles (see
-    ``ome.measure.Measurement.step_time_quartiles``). ``step_time_ratio``, when the sweep
-    timed the run in rounds beside vanilla: the median over the rounds of its step time over
-    vanilla's in the same round (``ome.measure.paired_ratio``). The memory figures are
+    ``ome.measure.Measurement.step_time_quartiles``); the memory figures are
     ``ome.measure``'s (``device_peak_bytes``: see ``ome.measure.device_peaks``). Runs with a
     profile (``--simulator-check``, ``--frontier``) carry the plan's predictions: its
     simulated device peak (what stays allocated between steps included) and the seconds it
@@ -56,7 +54,6 @@ class Row:
     step_time_q1_s: Optional[float] = None
     step_time_q3_s: Optional[float] = None
     timed_steps: Optional[int] = None
-    step_time_ratio: Optional[float] = None
     images_per_s: Optional[float] = None
     rewrite_time_s: Optional[float] = None
     checkpoint_count: Optional[int] = None

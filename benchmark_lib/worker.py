@@ -197,13 +197,12 @@ def _rounds(spec, lock):
     """The :class:`~benchmark_lib.protocol.RoundsSpec` result: ``spec``'s strategies, each
     built in a graph and session of its own in this process, timed one step of each in turn
     while holding ``lock`` alone. A strategy that fails to build or to run leaves the rounds
-    with its reason in ``failed``; the others go on. ``ratios``: each strategy's
-    ``ome.measure.paired_ratio`` to the first strategy (none if that one failed)."""
+    with its reason in ``failed``; the others go on."""
     import tensorflow as tf
     import baselines
     import models
     from ome import host
-    from ome.measure import paired_ratio, quartiles
+    from ome.measure import quartiles
 
     runs, failed = {}, {}
     for strategy in spec.strategies:
@@ -239,10 +238,7 @@ def _rounds(spec, lock):
                     times[strategy].append(time.perf_counter() - start)
     for session, _ in runs.values():
         session.close()
-    first = times.get(spec.strategies[0])
     return {"quartiles": {strategy: quartiles(taken) for strategy, taken in times.items()},
-            "ratios": {strategy: paired_ratio(taken, first) for strategy, taken in times.items()
-                       if first is not None},
             "failed": failed}
 
 

@@ -37,7 +37,6 @@ __all__ = [
     "per_device_memory",
     "host_rss",
     "quartiles",
-    "paired_ratio",
 ]
 
 _MiB = float(1 << 20)
@@ -51,17 +50,6 @@ def quartiles(times):
         return (times[0],) * 3
     q1, median, q3 = statistics.quantiles(sorted(times), n=4, method="inclusive")
     return q1, median, q3
-
-
-def paired_ratio(times, reference):
-    """The median over rounds of ``times[i] / reference[i]``: two steps' ratio when they were
-    timed in the same round, one after the other, so a slowdown of the machine that lasts
-    longer than a round divides out (the ratio of the two medians keeps it)."""
-    if len(times) != len(reference) or not times:
-        raise InvalidArgumentError(
-            f"paired_ratio needs as many times as reference times, at least one; got "
-            f"{len(times)} and {len(reference)}")
-    return statistics.median(t / r for t, r in zip(times, reference))
 
 
 # ---------------------------------------------------------------------------------------

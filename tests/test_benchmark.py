@@ -7,7 +7,6 @@ import io
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import threading
@@ -155,8 +154,7 @@ def test_device_peaks_subtract_the_host_in_emulation():
 def test_row_columns_carry_units_and_spread_is_relative():
     for name in COLUMNS:
         if name not in ("model", "strategy", "status", "reason"):
-            assert name.endswith(("_bytes", "_s", "_size", "_count", "_steps", "_per_s",
-                                  "_ratio")), name
+            assert name.endswith(("_bytes", "_s", "_size", "_count", "_steps", "_per_s")), name
     row = _row("ome", time_s=2.0, spread=0.2)
     assert row.spread == pytest.approx(0.1)
     assert row.key == RunKey("resnet50", "ome", 4) and str(row.key) == "resnet50/ome b=4"
@@ -645,8 +643,7 @@ def test_rows_take_the_rounds_step_times_whichever_arrives_first(tmp_path):
     cfg = config.from_args(_parse(["--model", "resnet18", "--strategies", "vanilla,ome,lms",
                                    "--out", str(tmp_path)]), "sweep", timing="rounds")
     alone = {s: _row(s, model="resnet18", batch=16, time_s=9.0) for s in cfg.strategies}
-    rounds = {"quartiles": {"vanilla": [0.95, 1.0, 1.05], "ome": [1.15, 1.2, 1.27]},
-              "ratios": {"vanilla": 1.0, "ome": 1.25},
+    rounds = {"quartiles": {"vanilla": [0.9, 1.0, 1.1], "ome": [1.1, 1.2, 1.4]},
               "failed": {"lms": "ResourceExhaustedError: OOM"}}
     pool = _CannedPool(alone, rounds)
     run = runner.Runner(cfg, resume.plan(cfg, lambda k: True).start,
@@ -660,12 +657,9 @@ def test_rows_take_the_rounds_step_times_whichever_arrives_first(tmp_path):
     for strategy in ("ome", "lms"):  # their memory rows arrive after the rounds
         run.measure(keys[strategy])
     vanilla, ome, lms = (run.rows[keys[s]] for s in cfg.strategies)
-    assert (vanilla.step_time_s, vanilla.step_time_q1_s, vanilla.step_time_q3_s) == (1.0, 0.95, 1.05)
+    assert (vanilla.step_time_s, vanilla.step_time_q1_s, vanilla.step_time_q3_s) == (1.0, 0.9, 1.1)
     assert (ome.step_time_s, ome.timed_steps, ome.images_per_s) == (1.2, 5, 16 / 1.2)
-    assert ome.spread == pytest.approx(0.1)
-    # the table's ratio is the paired one of the rounds, not 1.2 / 1.0
-    assert (ome.step_time_ratio, report.time_ratio(ome, vanilla)) == (1.25, 1.25)
-    assert _cells(report.sweep_tables([vanilla, ome]), "ome")[10] == "1.25"
+    assert ome.spread == pytest.approx(0.25)
     assert run.details[keys["ome"]]["alone_step_time_s"] == 9.0
     assert lms.status == "error" and lms.device_peak_bytes == alone["lms"].device_peak_bytes
     assert lms.reason == ("memory measured, step time not: the rounds failed: "
@@ -675,31 +669,6 @@ def test_rows_take_the_rounds_step_times_whichever_arrives_first(tmp_path):
                                                                "lms": 9.0}
     assert [type(s).__name__ for s in pool.specs] == ["RunSpec", "RoundsSpec", "RunSpec",
                                                       "RunSpec"]
-
-
-def test_a_resumed_vanilla_gives_no_paired_ratio(tmp_path):
-    cfg = config.from_args(_parse(["--model", "resnet18", "--strategies", "vanilla,ome",
-                                   "--out", str(tmp_path)]), "sweep", timing="rounds")
-    pool = _CannedPool({"ome": _row("ome", model="resnet18", batch=16)},
-                       {"quartiles": {"ome": [1.1, 1.2, 1.4]}, "ratios": {"ome": 1.0},
-                        "failed": {}})
-    run = runner.Runner(cfg, resume.plan(cfg, lambda k: True).start,
-                        progress.Console(io.StringIO()), pool)
-    key = RunKey("resnet18", "ome", 16)
-    run.measure(key)
-    run.time_rounds(sweep._tasks([key])[-1])  # ome timed alone: its ratio is to itself
-    assert run.rows[key].step_time_s == 1.2 and run.rows[key].step_time_ratio is None
-
-
-def test_paired_ratio_divides_out_a_slowdown_shared_by_a_round():
-    from ome.measure import paired_ratio
-
-    # rounds 2 and 3 ran 0.5 s slower for both
-    vanilla, other = [1.0, 1.5, 1.5, 1.0, 1.0], [1.3, 1.8, 1.8, 1.2, 1.2]
-    assert paired_ratio(other, vanilla) == pytest.approx(1.2)
-    assert statistics.median(other) / statistics.median(vanilla) == pytest.approx(1.3)
-    with pytest.raises(ValueError, match="as many times as reference times"):
-        paired_ratio([1.0], [1.0, 2.0])
 
 
 def test_a_strategy_failing_in_the_rounds_leaves_the_others_timed(monkeypatch):
@@ -719,8 +688,7 @@ def test_a_strategy_failing_in_the_rounds_leaves_the_others_timed(monkeypatch):
     with worker._CpuLock(None) as lock:
         result = worker._rounds(spec, lock)
     assert result["failed"] == {"openai": "RuntimeError: openai broke"}
-    assert set(result["quartiles"]) == set(result["ratios"]) == {"vanilla", "ome"}
-    assert result["ratios"]["vanilla"] == 1.0
+    assert set(result["quartiles"]) == {"vanilla", "ome"}
     for q1, median, q3 in result["quartiles"].values():
         assert 0 < q1 <= median <= q3
 

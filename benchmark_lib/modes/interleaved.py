@@ -5,10 +5,8 @@ measured medians of 0.644-0.742 s in five fresh processes, each with under 5% be
 own steps, so ratios of strategies timed in separate processes (as the sweep times them)
 move by up to a quarter between runs. Here one worker builds every strategy asked for, each
 in a graph and session of its own, and times them in rounds, one step of each in turn, so
-they all run at that process's speed; a ratio is the median over the rounds of the two
-steps' ratio in the same round (``ome.measure.paired_ratio``). The worker is repeated in
-``--processes`` fresh processes; the table gives each one's ratios to the first strategy and
-their range. The sweep times its step times the same way, one worker per model and batch.
+they all run at that process's speed. The worker is repeated in ``--processes`` fresh
+processes; the table gives each one's ratios to the first strategy and their range.
 Memory is not measured here (the sweep measures it, in a fresh process per run).
 Defaults: ResNet-50, batch 16, 112x112, vanilla,ome,openai, 3 processes.
 """
@@ -67,7 +65,7 @@ def _compare(pool, spec, processes, timeout):
         cells = []
         for strategy in spec.strategies:
             q1, median, q3 = quartiles[strategy]
-            ratio = result["ratios"][strategy]
+            ratio = median / quartiles[first][1]
             if strategy != first:
                 ratios[strategy].append(ratio)
             cells.append(f"{strategy} {median:.3f} s (IQR {format_percent((q3 - q1) / median)}) "
