@@ -100,7 +100,8 @@ def make_parser(modes):
                         f"model's minimum if larger; thesis: {thesis.image_size})")
     p.add_argument("--steps", type=_positive_int,
                    help=f"timed steps per run, after the warm-up (default {quick.steps}); the "
-                        f"step time is their median and its spread their interquartile range")
+                        f"step time is their median and its spread their interquartile range "
+                        f"(in a sweep: timed rounds of one step of each strategy)")
     p.add_argument("--warmup", type=int, help="untimed warm-up steps (default 1)")
     p.add_argument("--budget", help="device memory budget: strategies that take a "
                                     "memory_budget get it, and a run whose device peak "
@@ -117,8 +118,8 @@ def make_parser(modes):
                         f"{quick.timeout:.0f}; thesis {thesis.timeout:.0f})")
     p.add_argument("--jobs", type=_positive_int,
                    help=f"worker processes at once in a sweep (default {quick.jobs}; thesis "
-                        f"{thesis.jobs}); they overlap start-up and graph building, and wait "
-                        f"while one runs its steps")
+                        f"{thesis.jobs}); they measure memory side by side, and wait while "
+                        f"one times steps")
     p.add_argument("--processes", type=_positive_int,
                    help="fresh processes --interleaved repeats its rounds in (default 3)")
     existing = p.add_mutually_exclusive_group()

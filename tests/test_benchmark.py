@@ -292,6 +292,11 @@ def test_markdown_header_names_machine_date_and_real_image_sizes():
     assert "Images 32x32 (resnet18); 75x75 (inception_v4); batch 4; 5 timed steps" in text
     assert "2 workers overlapped start-up and graph building, and nothing else ran" in text
     assert "None" not in text
+    rounds = dict(META, config=dict(META["config"], timing="rounds", jobs=3))
+    text = report.sweep_markdown(rows, rounds, ["resnet18", "inception_v4"], ["vanilla"])
+    assert ("Memory: one step after 1 warm-up, in a fresh process per run (3 at a time). Step "
+            "time: one more process per model and batch builds all its strategies and times 5 "
+            "rounds of one step of each in turn") in text
 
 
 def test_max_batch_table_and_probe_counts_tell_expected_misses_from_errors():
