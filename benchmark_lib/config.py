@@ -35,7 +35,7 @@ class Preset:
     out: str
 
 
-#: The default sweep: two ResNet depths and InceptionV4, about 8.5 min on 2 cores (ResNet-101
+#: The default sweep: two ResNet depths and InceptionV4, about 9 min on 2 cores (ResNet-101
 #: made it 14). Batch 16 at 112x112 makes activations, not weights, most of the memory (at
 #: batch 4, 64x64 weights are 85-95% of max_mem and the strategies cannot be told apart).
 #: Three jobs: memory runs do not need the cores alone, only the rounds timing steps do.
