@@ -41,6 +41,28 @@ def test_keep_everything_holds_every_saved_tensor():
     assert simulate.simulate(view, plan).device_peak == 4 * MiB + 4
 
 
+def test_backward_ops_no_gradient_needs_are_pruned_as_tensorflow_prunes_them():
+    # tf.gradients builds ops nothing fetches (the gradient of a constant exponent, say);
+    # TensorFlow never runs them, so they neither allocate nor keep their inputs alive
+    view = chain()
+    dead = build_view(
+        [(o.name, o.type, list(o.inputs), len(o.outputs)) for o in map(view.ops.get,
+                                                                        view.forward)],
+        [(o.name, o.type, list(o.inputs), len(o.outputs)) for o in map(view.ops.get,
+                                                                        view.backward)]
+        + [("unused", "Mul", ["c:0", "g_b:0"], 1)],
+        xs=["x:0"], ys=["y:0"], grads=["g_a:0"], sizes={"y:0": 4, "g_y:0": 4,
+                                                         "unused:0": 8 * MiB},
+        persistent=["x:0"])
+    plan = plan_of(dead, {})
+    assert simulate.unfetched(dead, plan.schedule) == {"unused"}
+    assert simulate.simulate(dead, plan).device_peak == 4 * MiB + 4  # as without it
+    # an op a recompute group is wired after is needed, whatever reads its output
+    recompute = plan_of(dead, {"b:0": Decision.RECOMPUTE})
+    assert recompute.schedule.groups[0].after == "g_c"
+    assert "g_c" not in simulate.unfetched(dead, recompute.schedule)
+
+
 def test_recomputing_one_tensor_copies_its_producer_just_in_time():
     view = chain()
     plan = plan_of(view, {"b:0": Decision.RECOMPUTE})
