@@ -169,6 +169,30 @@ def _parents(view, name):
     return {view.tensors[t].op for t in op.inputs} | set(op.control_inputs)
 
 
+def unfetched(view, sched):
+    """Backward ops no gradient needs: ``tf.gradients`` builds them (the gradient of a
+    constant exponent, of an integer input), and TensorFlow prunes them from the step, so
+    they never run. Needed: the gradients' producers and the ops the schedule wires things
+    after (recompute groups' and swap-ins' anchors, triggers and waits; held gradients'
+    waits), and everything they depend on by data or control edges, or by a deferral."""
+    backward = set(view.backward)
+    deferred = dict(sched.deferred)
+    stack = [view.tensors[g].op for g in view.grads if g]
+    for group in sched.groups:
+        stack += [group.after, *group.triggers, *group.waits]
+    for swap in sched.swaps:
+        stack += [swap.after, *swap.triggers]
+    stack += [op for _, ops in sched.holds for op in ops]
+    needed = set()
+    while stack:
+        name = stack.pop()
+        if name in needed or name not in backward:
+            continue
+        needed.add(name)
+        stack += [*_parents(view, name), *deferred.get(name, ())]
+    return backward - needed
+
+
 def _levels(view, deferred=()):
     """``{op: (level, rank)}``: level is the forward position of the latest forward op
     an op waits for (-1: none); rank a topological rank. Sorting by it gives the order

@@ -170,33 +170,9 @@ def _releases(view, sched, events, updated):
             for g, ops in sched.holds if g in updated}
 
 
-def unfetched(view, sched):
-    """Backward ops no gradient needs: ``tf.gradients`` builds them (the gradient of a
-    constant exponent, of an integer input), and TensorFlow prunes them from the step, so
-    they never run. Needed: the gradients' producers and the ops the schedule wires things
-    after (recompute groups' and swap-ins' anchors, triggers and waits; held gradients'
-    waits), and everything they depend on by data or control edges, or by a deferral."""
-    backward = set(view.backward)
-    deferred = dict(sched.deferred)
-    stack = [view.tensors[g].op for g in view.grads if g]
-    for wired in sched.groups + sched.swaps:
-        stack += [wired.after, *wired.triggers, *getattr(wired, "waits", ())]
-    stack += [op for _, ops in sched.holds for op in ops]
-    needed = set()
-    while stack:
-        name = stack.pop()
-        if name in needed or name not in backward:
-            continue
-        needed.add(name)
-        op = view.ops[name]
-        stack += [view.tensors[t].op for t in op.inputs] + list(op.control_inputs)
-        stack += list(deferred.get(name, ()))
-    return backward - needed
-
-
 def _events(view, sched):
-    """``(kind, name)`` in replay order: ops (less the :func:`unfetched`), swap-outs after
-    producers, then swap-ins and copies right after their anchors."""
+    """``(kind, name)`` in replay order: ops (less :func:`ome.schedule.unfetched`), swap-outs
+    after producers, then swap-ins and copies right after their anchors."""
     swapped = {view.tensors[s.tensor].op: [] for s in sched.swaps}
     for s in sched.swaps:
         swapped[view.tensors[s.tensor].op].append(s.tensor)
@@ -205,7 +181,7 @@ def _events(view, sched):
         after.setdefault(s.after, []).append(("swap_in", s.tensor))
     for g in sched.groups:
         after.setdefault(g.after, []).extend(("copy", op) for op in g.ops)
-    pruned = unfetched(view, sched)
+    pruned = schedule_mod.unfetched(view, sched)
     events = []
     for name in schedule_mod.replay_order(view, sched.deferred):
         if name in pruned:

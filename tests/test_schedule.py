@@ -55,12 +55,12 @@ def test_backward_ops_no_gradient_needs_are_pruned_as_tensorflow_prunes_them():
                                                          "unused:0": 8 * MiB},
         persistent=["x:0"])
     plan = plan_of(dead, {})
-    assert simulate.unfetched(dead, plan.schedule) == {"unused"}
+    assert schedule.unfetched(dead, plan.schedule) == {"unused"}
     assert simulate.simulate(dead, plan).device_peak == 4 * MiB + 4  # as without it
     # an op a recompute group is wired after is needed, whatever reads its output
     recompute = plan_of(dead, {"b:0": Decision.RECOMPUTE})
     assert recompute.schedule.groups[0].after == "g_c"
-    assert "g_c" not in simulate.unfetched(dead, recompute.schedule)
+    assert "g_c" not in schedule.unfetched(dead, recompute.schedule)
 
 
 def test_recomputing_one_tensor_copies_its_producer_just_in_time():

@@ -12,10 +12,9 @@ Defaults: ResNet-50, batch 16, 112x112, vanilla,ome,openai, 3 processes.
 """
 import statistics
 
-from benchmark_lib.config import ConfigError, from_args
+from benchmark_lib.config import ConfigError, RoundsKey, from_args
 from benchmark_lib.modes import Mode
 from benchmark_lib.pool import Pool, WorkerFailed
-from benchmark_lib.protocol import RoundsSpec
 from benchmark_lib.units import format_percent, plural
 
 DEFAULT_STRATEGIES = ("vanilla", "ome", "openai")
@@ -37,8 +36,7 @@ def run(prepared):
     with Pool(1) as pool:
         for model in config.models:
             for batch in config.batch_sizes:
-                spec = RoundsSpec(model, config.strategies, batch, config.image_sizes[model],
-                                  config.steps, config.warmup)
+                spec = config.rounds_spec(RoundsKey(model, batch, config.strategies))
                 failed |= not _compare(pool, spec, processes, config.timeout)
     return 1 if failed else 0
 
