@@ -125,16 +125,15 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
     decisions = plan.decisions()
     before = len(graph.get_operations())
     info = RewriteInfo(groups=len(sched.groups), copied_ops=len(sched.copied_ops))
-    swapped_in = {}
+    swapped_out, swapped_in = {}, {}
     with graph.as_default(), graph.name_scope(scope + "/"):
         for s in sched.swaps:
             original = graph.get_tensor_by_name(s.tensor)
             with tf.name_scope("swap"):
                 out = swap_out(original, plan.host_device, real_copy=real_copy)
+                swapped_out[s.tensor] = out.op
                 device = original.op.device or host.accelerator_device()
                 swapped_in[s.tensor] = swap_in(out, device, [ops[t] for t in s.triggers])
-            if s.fence:
-                tfprivate.add_control_inputs(ops[s.fence], [out.op])
             info.swapped.append(s.tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
         copies = _copy_groups(graph, view, sched, ops, decisions, swapped_in)
@@ -147,36 +146,63 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
             if t.name == tensor:
                 tfprivate.update_input(op, i, replacement)
                 info.rerouted += 1
-    for reader, triggers in sched.deferred:
-        tfprivate.add_control_inputs(ops[reader], [ops[t] for t in triggers])
+    with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("wait"):
+        for s in sched.swaps:
+            if s.fence:
+                _wait_for(ops[s.fence], [swapped_out[s.tensor]])
+        for reader, triggers in sched.deferred:
+            _wait_for(ops[reader], [ops[t] for t in triggers])
     info.added_ops = len(graph.get_operations()) - before
     return info
 
 
+def _wait_for(op, waited):
+    """Make existing ``op`` run after the ops ``waited``: its first input goes through an
+    identity that waits for them (:func:`_gated`)."""
+    if not op.inputs:
+        tfprivate.add_control_inputs(op, waited)
+        return
+    tfprivate.update_input(op, 0, _gated(op.inputs[0], waited, op.name))
+
+
+def _gated(tensor, waited, name):
+    """``tensor`` through an identity that runs after the ops ``waited``. The rewrite makes
+    a compute op wait this way, not with control inputs of its own: Grappler's arithmetic
+    optimizer rewrites ``Pow(x, 3)`` into ``x * Square(x)`` by copying the node's inputs
+    and dropping the last, which is a control input if there is one, and a graph it breaks
+    that way loses every Grappler optimization (TensorFlow runs the unoptimized graph)."""
+    with tf.device(tensor.device), tf.control_dependencies(waited):
+        gate = tf.identity(tensor, name=name + "_gate")
+    tfprivate.protect_from_grappler(gate.op)
+    return gate
+
+
 def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
-    """Copy every op of every group in forward order; returns {tensor name: copy}."""
-    triggers = {}
-    for g in sched.groups:
-        members = set(g.ops)
-        for op in g.ops:
-            first = not any(view.tensors[t].op in members for t in view.ops[op].inputs)
-            # the group's first copies wait for its leaves; the others come after them
-            triggers[op] = [ops[t] for t in g.triggers + (g.waits if first else ())]
-    copied = set(triggers)
-    copies = {}
+    """Copy every op of every group in forward order; returns {tensor name: copy}. A
+    group's first copies, those reading no copy of the same group, wait for its triggers
+    (and its leaves); the others wait for them through the tensors they read."""
+    group_of = {op: g for g in sched.groups for op in g.ops}
+    copies, copied_by = {}, {}
     with tf.name_scope("recompute"):
-        for name in sorted(copied, key=view.position.__getitem__):
-            original = ops[name]
-            inputs = []
+        for name in sorted(group_of, key=view.position.__getitem__):
+            original, group = ops[name], group_of[name]
+            inputs, first = [], True
             for t in original.inputs:
                 if t.name in copies and decisions.get(t.name) == Decision.RECOMPUTE:
                     inputs.append(copies[t.name])
+                    first = first and copied_by[t.name] is not group
                 elif t.name in swapped_in:
                     inputs.append(swapped_in[t.name])
                 else:
                     inputs.append(t)
-            copy = tfprivate.copy_op(original, inputs, triggers[name], name)
-            copies.update(zip((t.name for t in original.outputs), copy.outputs))
+            waited = [ops[t] for t in group.triggers + group.waits] if first else []
+            if waited and inputs:
+                inputs[0] = _gated(inputs[0], waited, name)
+                waited = []
+            copy = tfprivate.copy_op(original, inputs, waited, name)
+            for t in original.outputs:
+                copies[t.name] = copy.outputs[t.value_index]
+                copied_by[t.name] = group
     return copies
 
 
