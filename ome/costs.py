@@ -31,10 +31,13 @@ class CostModel:
     figures come from. ``backward_scope``: the name scope the profiled step's backward ops
     were built under (``tf.gradients``' own ``gradients``), so that a backward pass built
     under another scope (``name=`` of ``ome.gradients``) finds its ops' figures.
-    ``output_bytes``: bytes the allocator gave each output tensor, by tensor name
-    (measured; more than the static shape says: the allocator rounds a buffer up to a
-    free chunk up to twice its size, and oneDNN kernels return workspaces of no static
-    shape, such as a fused batch norm's ``reserve_space_3``). ``gradient_lifetime``: how
+    ``output_bytes``: bytes each output tensor asked the allocator for, by tensor name
+    (measured: oneDNN kernels return workspaces of no static shape, such as a fused batch
+    norm's ``reserve_space_3``). ``chunk_overhead``: what the allocator hands out per
+    byte asked, on average over the profiled step's outputs: a best-fit allocator gives a
+    buffer a whole free chunk up to twice its size, and which chunk depends on what it
+    held before, so one tensor's chunk varies from step to step and from graph to graph
+    while the average does not. ``gradient_lifetime``: how
     long each gradient the step returns stays allocated: ``"step"``, to the end of the
     step (fetched, clipped by their global norm, summed by one all-reduce as Keras's own
     optimizer does), or ``"update"``, until the variable update that reads it has run
@@ -55,6 +58,7 @@ class CostModel:
     source: str = "static defaults"
     backward_scope: str = "gradients"
     output_bytes: Dict[str, int] = field(default_factory=dict)
+    chunk_overhead: float = 1.0
     gradient_lifetime: str = "step"
     update_delays: Dict[str, int] = field(default_factory=dict)
     update_copies: Dict[str, int] = field(default_factory=dict)
@@ -102,8 +106,15 @@ class CostModel:
         return self.update_copies.get(op, 0)
 
     def sized(self, view):
-        """``view`` with its tensors' bytes as measured (``output_bytes``), where known."""
-        return view.with_bytes(self.output_bytes) if self.output_bytes else view
+        """``view`` with its tensors' bytes as the allocator hands them out: the bytes
+        asked for (``output_bytes`` where measured, else the static shape's) times
+        ``chunk_overhead``."""
+        if not self.output_bytes and self.chunk_overhead == 1.0:
+            return view
+        return view.with_bytes({
+            name: round(self.output_bytes.get(name, info.bytes) * self.chunk_overhead)
+            for name, info in view.tensors.items()
+            if info.bytes or name in self.output_bytes})
 
     def transfer_seconds(self, nbytes):
         """Seconds one host<->device copy of ``nbytes`` takes."""
@@ -115,7 +126,8 @@ class CostModel:
         return (f"CostModel({self.source}: {self.bandwidth / 1e9:.2f} GB/s host link, "
                 f"{len(self.op_seconds)} op times, {len(self.temporaries)} ops with scratch "
                 f"memory ({sum(self.temporaries.values()) / 2**20:.1f} MiB in all), "
-                f"{len(self.output_bytes)} measured tensor sizes, "
+                f"{len(self.output_bytes)} measured tensor sizes, allocator chunks "
+                f"{self.chunk_overhead:.2f}x the bytes asked, "
                 f"resident {resident}, gradients live to the {self.gradient_lifetime})")
 
     def to_dict(self):

@@ -319,12 +319,11 @@ class _Problem:
             return None
         if info.type in simulate.ALIAS_OPS:
             return root.get(info.inputs[0])
-        if info.type in simulate.FORWARDING_OPS:
-            for t in info.inputs:
-                buffer = root.get(t)
-                if buffer is not None and stop.get(buffer) == self.at[op] and \
-                        _size(view, buffer) == _size(view, tensor) > 0:
-                    return buffer
+        for t in simulate.forwardable_inputs(info.type, info.inputs):
+            buffer = root.get(t)
+            if buffer is not None and stop.get(buffer) == self.at[op] and \
+                    _size(view, buffer) == _size(view, tensor) > 0:
+                return buffer
         return None
 
     def _takes_over_saved(self, op, tensor, changing):
@@ -332,12 +331,13 @@ class _Problem:
         is the last reader of: that buffer (original, copy or swap-in, whatever the plan)
         is counted by the plan's terms up to ``op``."""
         info = self.view.ops[op]
-        if not info.backward or info.type not in simulate.FORWARDING_OPS:
+        if not info.backward:
             return False
         size = _size(self.view, tensor)
         return any(u in changing and self.last.get(u) == self.at[op]
                    and max(self.at[c] for c in self.view.consumers[u]) == self.at[op]
-                   and _size(self.view, u) == size > 0 for u in info.inputs)
+                   and _size(self.view, u) == size > 0
+                   for u in simulate.forwardable_inputs(info.type, info.inputs))
 
     # -- stages and checks ------------------------------------------------------------
     def _stages(self):

@@ -41,8 +41,10 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     -------
     CostModel
         ``op_seconds``, ``temporaries`` (scratch bytes by op name), ``resident_bytes``
-        (allocated between steps, the most after any of them), ``output_bytes`` (each output's allocation, the
-        largest of the steps) and ``bandwidth``; ``source`` names the device.
+        (allocated between steps, the most after any of them), ``output_bytes`` (the
+        bytes each output asked for), ``chunk_overhead`` (the bytes the allocator gave
+        the outputs over the bytes they asked for, each output's median of the steps)
+        and ``bandwidth``; ``source`` names the device.
         ``gradient_lifetime`` is ``"update"`` when each gradient of the backward pass is
         read only by an update of its own (:func:`_gradient_updates`), and then
         ``update_delays`` holds how many backward ops ran before each update (the most
@@ -54,7 +56,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     _memory_stats(stats_device)
     _run(session, fetches, feed_dict, phase="warm-up")
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(int)
-    sizes = collections.defaultdict(int)
+    asked, given = {}, collections.defaultdict(list)
     updates = _gradient_updates(session.graph, fetches)
     delays = collections.defaultdict(list)
     resident = 0
@@ -66,8 +68,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         for node, node_seconds, node_scratch in _node_costs(metadata, stats_device):
             seconds[node].append(node_seconds)
             scratch[node] = max(scratch[node], node_scratch)
-        for tensor, nbytes in _output_bytes(metadata, stats_device):
-            sizes[tensor] = max(sizes[tensor], nbytes)
+        for tensor, requested, allocated in _output_bytes(metadata, stats_device):
+            asked[tensor] = max(asked.get(tensor, 0), requested)
+            given[tensor].append(allocated)
         if updates is not None:
             for producer, delay in _update_delays(metadata, updates).items():
                 delays[producer].append(delay)
@@ -90,7 +93,8 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         op_seconds={node: statistics.median(times) for node, times in seconds.items()},
         temporaries={node: size for node, size in scratch.items()
                      if size >= MIN_SCRATCH_BYTES},
-        resident_bytes=int(resident), output_bytes=dict(sizes),
+        resident_bytes=int(resident), output_bytes=asked,
+        chunk_overhead=_chunk_overhead(asked, given),
         source=f"profiled on {stats_device}, median of {steps} traced steps", **extra)
 
 
@@ -103,13 +107,21 @@ def _device_nodes(run_metadata, stats_device):
 
 
 def _output_bytes(run_metadata, stats_device):
-    """``(tensor name, bytes allocated for it)`` for each output the step made on the
-    device."""
+    """``(tensor name, bytes asked for, bytes allocated)`` for each output the step made on
+    the device."""
     for node in _device_nodes(run_metadata, stats_device):
         for output in node.output:
-            nbytes = output.tensor_description.allocation_description.allocated_bytes
-            if nbytes > 0:
-                yield f"{node.node_name}:{output.slot}", nbytes
+            allocation = output.tensor_description.allocation_description
+            if allocation.allocated_bytes > 0:
+                yield (f"{node.node_name}:{output.slot}", allocation.requested_bytes,
+                       allocation.allocated_bytes)
+
+
+def _chunk_overhead(asked, given):
+    """Bytes allocated per byte asked over all outputs, each output's median of the steps
+    (one tensor's chunk varies from step to step; the sum hardly does)."""
+    total = sum(asked.values())
+    return sum(statistics.median(given[t]) for t in asked) / total if total else 1.0
 
 
 def _node_costs(run_metadata, stats_device):

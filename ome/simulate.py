@@ -29,13 +29,29 @@ from ome.schedule import Decision
 # Outputs that are views of their first input's buffer.
 ALIAS_OPS = frozenset({"Identity", "StopGradient", "Reshape", "Squeeze", "ExpandDims",
                        "Snapshot", "PreventGradient", "EnsureShape", "Bitcast"})
-# Kernels that write their output into an input buffer they are the last reader of.
+# Kernels that write their output into an input buffer they are the last reader of:
+# TensorFlow's element-wise kernels, softmax and select (each checked on TensorFlow 2.21's
+# CPU build: a traced step gives the output the input's buffer).
 FORWARDING_OPS = frozenset({
-    "Relu", "Relu6", "Elu", "Selu", "Tanh", "Sigmoid", "Exp", "Neg", "Square", "Sqrt",
-    "Rsqrt", "Sin", "Cos", "Abs", "Sign", "Log", "Softplus", "LeakyRelu", "Reciprocal",
-    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "Maximum", "Minimum", "SquaredDifference",
-    "BiasAdd", "AddN", "ReluGrad", "Relu6Grad", "TanhGrad", "SigmoidGrad", "EluGrad",
-    "LeakyReluGrad", "SoftplusGrad", "RsqrtGrad", "SqrtGrad"})
+    "Relu", "Relu6", "Elu", "Selu", "Tanh", "Sigmoid", "Exp", "Expm1", "Neg", "Square",
+    "Sqrt", "Rsqrt", "Sin", "Cos", "Atan", "Abs", "Sign", "Log", "Log1p", "Softplus",
+    "Softsign", "LeakyRelu", "Reciprocal", "Inv", "Erf", "Erfc", "Floor", "Ceil", "Round",
+    "Rint", "Add", "AddV2", "Sub", "Mul", "MulNoNan", "RealDiv", "Div", "DivNoNan",
+    "FloorDiv", "FloorMod", "Xlogy", "Maximum", "Minimum", "SquaredDifference",
+    "ClipByValue", "BiasAdd", "AddN", "Softmax", "LogSoftmax", "Select", "SelectV2",
+    "ReluGrad", "Relu6Grad", "TanhGrad", "SigmoidGrad", "EluGrad", "SeluGrad",
+    "LeakyReluGrad", "SoftplusGrad", "SoftsignGrad", "RsqrtGrad", "SqrtGrad",
+    "ReciprocalGrad"})
+# Select writes into its branches only, never into the condition.
+_FIRST_FORWARDABLE = {"Select": 1, "SelectV2": 1}
+
+
+def forwardable_inputs(op_type, inputs):
+    """The inputs an op of ``op_type`` may write its output into (none unless it is one
+    of :data:`FORWARDING_OPS`)."""
+    if op_type not in FORWARDING_OPS:
+        return []
+    return list(inputs[_FIRST_FORWARDABLE.get(op_type, 0):])
 
 
 @dataclass(frozen=True)
@@ -237,9 +253,9 @@ def _view_source(view, kind, name, inputs):
 
 def _forwardable(view, kind, name, inputs, owner, buffers, size):
     """The id of an input buffer this op writes its output into, if any."""
-    if kind not in ("op", "copy") or view.ops[name].type not in FORWARDING_OPS:
+    if kind not in ("op", "copy"):
         return None
-    for key in inputs:
+    for key in forwardable_inputs(view.ops[name].type, inputs):
         buffer_id = owner.get(key)
         buffer = buffers.get(buffer_id)
         if buffer is not None and not buffer.pinned and buffer.size == size and \

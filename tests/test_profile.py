@@ -81,9 +81,11 @@ def test_profile_finds_how_long_gradients_live(graph, update, lifetime):
     assert costs.gradient_lifetime == lifetime
     assert bool(costs.update_delays) == (lifetime == "update")
     assert all(delay >= 0 for delay in costs.update_delays.values())
-    # Every traced output is sized, at least as large as its static shape says.
+    # Every traced output is sized by the bytes it asked for, its static shape's here; the
+    # allocator's chunks are counted once for all, as an average over the outputs.
     matmul = next(op for op in graph.get_operations() if op.type == "MatMul")
-    assert costs.output_bytes[matmul.outputs[0].name] >= 8 * 64 * 4
+    assert costs.output_bytes[matmul.outputs[0].name] == 8 * 64 * 4
+    assert 1.0 <= costs.chunk_overhead < 2.0
     # Freed by their updates, the gradients leave the predicted peak of plain backprop
     # (updates at once: the measured delays vary from run to run).
     plain = ome.plan(case.ys, case.xs, checkpoints="none",
