@@ -5,9 +5,9 @@ SGD, float32) once per mode, each in a graph of its own, and measures:
 
 - modes: ``none``, ``selective`` and ``full`` (:mod:`ome.transformer`), ``ome-auto``
   (``ome.gradients(checkpoints="auto")``) and ``ome`` (ome's plan for Transformers:
-  :func:`ome.transformer.optimal_within`, the optimal planner's least-time plan whose
-  simulated peak is no higher than selective's, both under a profile of the plain step,
-  ``ome.profile``), each through ``ome.gradients``;
+  :func:`ome.transformer.optimal_within`, no higher simulated peak and no more added time
+  than selective's, half of the time it saves spent on a lower peak, under a profile of the
+  plain step, ``ome.profile``), each through ``ome.gradients``;
 - ``stored``: the tensor bytes allocated during the step and still alive when the forward
   pass ends (the end of the last forward op whose output backprop reads, the
   cross-entropy), from ``FULL_TRACE`` steps' allocation records (the median of three):

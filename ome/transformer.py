@@ -8,9 +8,10 @@ Transformer Models") and of the Ultra-Scale Playbook's chart, as ome policies
 - :func:`selective`: recompute only the attention core (``Q K^T``, its scaling and mask,
   the softmax, its dropout and the product with ``V``) and keep everything else;
 - :func:`full`: keep each block's input and recompute the block during backprop;
-- :func:`optimal_within`: ome's own plan, the optimal planner's (:mod:`ome.optimal`) least
-  added time whose simulated peak is no higher than a fixed mode's (``selective`` by
-  default), under a cost model (a profile of the plain step, :func:`ome.profile`).
+- :func:`optimal_within`: ome's own plan, from the optimal planner (:mod:`ome.optimal`): no
+  higher simulated peak and no more added time than a fixed mode (``selective`` by
+  default), what it saves split between time and memory, under a cost model (a profile
+  of the plain step, :func:`ome.profile`).
 
 Detection is structural, from the GraphView alone (no op names, no TensorFlow):
 
@@ -324,18 +325,29 @@ def full(view, *, pins=None, host_device=None):
 POLICIES = {"none": none, "selective": selective, "full": full}
 
 
-def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_device=None,
-                   time_limit=optimal.DEFAULT_TIME_LIMIT):
-    """The optimal planner's plan adding the least time whose simulated device peak is no
-    higher than fixed mode ``mode``'s (a key of :data:`POLICIES`).
+#: The lowest limit :func:`optimal_within` tries, as a fraction of its mode's peak, and how
+#: many times it halves the interval above it.
+LOWEST_LIMIT, LIMIT_STEPS = 0.75, 5
 
-    Both peaks are :func:`ome.simulate.simulate`'s under ``model``; with a profile of the
-    plain step (``ome.profile``) the times are measured op times and the peaks include the
-    kernels' scratch memory. ``mode``'s own plan is one the planner may choose, so the
-    plan found adds no more time than ``mode``'s, by the cost model; when the search stops
-    at its time limit with a slower plan, ``mode``'s own is returned (``solver`` is
-    ``optimal.SOLVER_REFERENCE``). Use it as a policy
-    with the same model given to ``ome.gradients``::
+
+def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_device=None,
+                   time_limit=optimal.DEFAULT_TIME_LIMIT, trade=0.5):
+    """ome's plan against fixed mode ``mode`` (a key of :data:`POLICIES`): no higher
+    simulated device peak and no more added time, with the time it saves partly spent on
+    a lower peak.
+
+    The optimal planner first finds the least added time within ``mode``'s simulated peak;
+    ``mode``'s own plan is one it may choose, so by the cost model that adds no more time
+    than ``mode``. Of the time it saves, the share ``trade`` is then spent on memory: the
+    plan returned is the one with the lowest limit (bisected down to ``LOWEST_LIMIT`` of
+    ``mode``'s peak) whose least added time is at most ``mode``'s minus the rest of the
+    saving. So it wins on both counts by margins (``trade=0`` keeps the fastest plan,
+    which may tie ``mode``'s peak exactly and lose to the allocator's noise). Both peaks
+    are :func:`ome.simulate.simulate`'s under ``model``; with a profile of the plain step
+    (``ome.profile``) the times are measured op times and the peaks include the kernels'
+    scratch memory. When the search stops at its time limit with a slower plan than
+    ``mode``'s, ``mode``'s own is returned (``solver`` is ``optimal.SOLVER_REFERENCE``).
+    Use it as a policy with the same model given to ``ome.gradients``::
 
         policy = functools.partial(transformer.optimal_within, model=cost)
         grads = ome.gradients(loss, variables, checkpoints=policy, cost_model=cost)
@@ -345,26 +357,56 @@ def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_devi
     ``reference_seconds``: ``mode``'s.
 
     Raises :class:`ome.errors.NoBottleneckError` when ``mode`` finds no attention, and
-    :class:`ome.errors.InvalidArgumentError` for an unknown ``mode``.
+    :class:`ome.errors.InvalidArgumentError` for an unknown ``mode`` or a ``trade``
+    outside [0, 1].
     """
     if mode not in POLICIES:
         raise errors.InvalidArgumentError(
             f"mode must be one of {tuple(POLICIES)}, got {mode!r}")
+    if not 0.0 <= trade <= 1.0:
+        raise errors.InvalidArgumentError(f"trade must be within [0, 1], got {trade!r}")
     reference = planner.with_predictions(
         view, POLICIES[mode](view, pins=pins, host_device=host_device), model)
     peak = int(reference.estimates["device_peak"])
-    plan = optimal.optimal(view, limit=peak, model=model, pins=pins,
-                           host_device=host_device, time_limit=time_limit)
-    if plan.estimates["added_seconds"] > reference.estimates["added_seconds"]:
+    reference_seconds = reference.estimates["added_seconds"]
+
+    def fastest(limit):
+        return optimal.optimal(view, limit=limit, model=model, pins=pins,
+                               host_device=host_device, time_limit=time_limit)
+
+    plan = fastest(peak)
+    if plan.estimates["added_seconds"] > reference_seconds:
         # The search stopped at its time limit with a slower plan than mode's own.
         plan = with_estimates(reference, solver=optimal.SOLVER_REFERENCE,
                               gap=float("nan"))
+    elif trade and plan.estimates["added_seconds"] < reference_seconds:
+        allowed = reference_seconds - (1 - trade) * (
+            reference_seconds - plan.estimates["added_seconds"])
+        plan = _lowest_within(fastest, plan, allowed, LOWEST_LIMIT * peak, peak)
     # ome.gradients adds what stays allocated to device_peak; these two leave it out.
     plan = with_estimates(plan, reference_peak=float(peak),
                           planned_peak=plan.estimates["device_peak"],
-                          reference_seconds=reference.estimates["added_seconds"])
+                          reference_seconds=reference_seconds)
     plan = dataclasses.replace(plan, policy=f"optimal within {mode}")
     log.info("%s", summary(plan))
+    return plan
+
+
+def _lowest_within(fastest, plan, allowed, low, high):
+    """The plan ``fastest(limit)`` of the lowest limit in [``low``, ``high``] (bisected
+    :data:`LIMIT_STEPS` times) adding at most ``allowed`` seconds; ``plan``, fastest at
+    ``high``, when none lower does."""
+    for _ in range(LIMIT_STEPS):
+        middle = int((low + high) / 2)
+        try:
+            trial = fastest(middle)
+        except errors.BudgetError:  # below the smallest peak reachable
+            low = middle
+            continue
+        if trial.estimates["added_seconds"] <= allowed:
+            plan, high = trial, middle
+        else:
+            low = middle
     return plan
 
 
