@@ -177,16 +177,19 @@ def _measure_memory(row, steps):
 def _time_in_turn(rows, steps):
     """Add ``step_time`` (median seconds), ``step_time_quartiles`` and ``time_ratio`` (to
     the first row's) to ``rows``. Every row's session is open and the rows take their
-    steps in turn, so load drifting on a shared machine weighs on every mode alike."""
+    steps in turn, in the opposite order every other round, so load drifting on a shared
+    machine weighs on every mode alike, and so does following a heavier step."""
     sessions = [_session(row) for row in rows]
     try:
         probe = max(_timed_run(session, row["step"])
                     for session, row in zip(sessions, rows)
                     for _ in range(2))  # the first run also optimises the graph
         times = [[] for _ in rows]
+        turn = list(zip(sessions, rows, times))
         for _ in range(_timed_steps(probe, steps)):
-            for session, row, taken in zip(sessions, rows, times):
+            for session, row, taken in turn:
                 taken.append(_timed_run(session, row["step"]))
+            turn.reverse()
     finally:
         for session in sessions:
             session.close()
