@@ -157,11 +157,9 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
 
 
 def _wait_for(op, waited):
-    """Make existing ``op`` run after the ops ``waited``: its first input goes through an
-    identity that waits for them (:func:`_gated`)."""
-    if not op.inputs:
-        tfprivate.add_control_inputs(op, waited)
-        return
+    """Make existing ``op`` (a fence or a deferred backward op: it reads a tensor made in
+    the step) run after the ops ``waited``, its first input passed through
+    :func:`_gated`."""
     tfprivate.update_input(op, 0, _gated(op.inputs[0], waited, op.name))
 
 
@@ -195,11 +193,10 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
                     inputs.append(swapped_in[t.name])
                 else:
                     inputs.append(t)
-            waited = [ops[t] for t in group.triggers + group.waits] if first else []
-            if waited and inputs:
-                inputs[0] = _gated(inputs[0], waited, name)
-                waited = []
-            copy = tfprivate.copy_op(original, inputs, waited, name)
+            if first:  # a recomputable op has inputs
+                inputs[0] = _gated(inputs[0], [ops[t] for t in group.triggers + group.waits],
+                                   name)
+            copy = tfprivate.copy_op(original, inputs, name)
             for t in original.outputs:
                 copies[t.name] = copy.outputs[t.value_index]
                 copied_by[t.name] = group

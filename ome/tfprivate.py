@@ -33,16 +33,14 @@ def in_v1_control_flow(op):
     return op._get_control_flow_context() is not None  # pylint: disable=protected-access
 
 
-def copy_op(op, inputs, control_inputs, name):
-    """A copy of ``op`` reading ``inputs``, on the original's device, after ``control_inputs``."""
+def copy_op(op, inputs, name):
+    """A copy of ``op`` reading ``inputs``, on the original's device."""
     graph = op.graph
     attrs = {key: value for key, value in op.node_def.attr.items()}
     copy = graph._create_op_internal(  # pylint: disable=protected-access
         op.type, inputs, dtypes=[t.dtype for t in op.outputs], name=name,
         attrs=attrs, op_def=op.op_def, compute_device=False)
     copy._set_device(op.device)  # pylint: disable=protected-access
-    if control_inputs:
-        copy._add_control_inputs(control_inputs)  # pylint: disable=protected-access
     return copy
 
 
