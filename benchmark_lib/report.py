@@ -55,7 +55,8 @@ def header(meta, rows):
             f"Images {images}; batch {batches}. Memory: one step after {config['warmup']} "
             f"warm-up, in a fresh process per run ({jobs} at a time). Step time: one more "
             f"process per model and batch builds all its strategies and times "
-            f"{config['steps']} rounds of one step of each in turn, after {config['warmup']} "
+            f"{config['steps']} rounds of one step of each in turn (every other round in the "
+            f"opposite order), after {config['warmup']} "
             f"warm-up round(s), with nothing else running; the median, and its spread, the "
             f"interquartile range (IQR) as a % of it.")
     else:

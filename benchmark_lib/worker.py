@@ -196,7 +196,7 @@ def _profile(spec, lock):
 def _rounds(spec, lock):
     """The :class:`~benchmark_lib.protocol.RoundsSpec` result: ``spec``'s strategies, each
     built in a graph and session of its own in this process, timed one step of each in turn
-    while holding ``lock`` alone. A strategy that fails to build or to run leaves the rounds
+    (the opposite order every other round) while holding ``lock`` alone. A strategy that fails to build or to run leaves the rounds
     with its reason in ``failed``; the others go on."""
     import tensorflow as tf
     import baselines
@@ -223,9 +223,15 @@ def _rounds(spec, lock):
             continue
         runs[strategy] = (session, step)
     times = {strategy: [] for strategy in runs}
+    order = list(runs)
     with lock.exclusive():
         for round_ in range(spec.warmup + spec.steps):
-            for strategy, (session, step) in list(runs.items()):
+            # every other round in the opposite order, so no strategy always follows the
+            # same one (whose host copies, say, may still be running)
+            for strategy in order if round_ % 2 == 0 else order[::-1]:
+                if strategy not in runs:
+                    continue
+                session, step = runs[strategy]
                 start = time.perf_counter()
                 try:
                     session.run(step.train_op, step.feed_dict)
