@@ -196,8 +196,9 @@ def _profile(spec, lock):
 def _rounds(spec, lock):
     """The :class:`~benchmark_lib.protocol.RoundsSpec` result: ``spec``'s strategies, each
     built in a graph and session of its own in this process, timed one step of each in turn
-    (the opposite order every other round) while holding ``lock`` alone. A strategy that fails to build or to run leaves the rounds
-    with its reason in ``failed``; the others go on."""
+    (the opposite order every other round) while holding ``lock`` alone. A strategy that
+    fails to build or to run leaves the rounds with its reason in ``failed``; the others
+    go on."""
     import tensorflow as tf
     import baselines
     import models
@@ -226,11 +227,7 @@ def _rounds(spec, lock):
     order = list(runs)
     with lock.exclusive():
         for round_ in range(spec.warmup + spec.steps):
-            # every other round in the opposite order, so no strategy always follows the
-            # same one (whose host copies, say, may still be running)
-            for strategy in order if round_ % 2 == 0 else order[::-1]:
-                if strategy not in runs:
-                    continue
+            for strategy in list(order):
                 session, step = runs[strategy]
                 start = time.perf_counter()
                 try:
@@ -238,10 +235,13 @@ def _rounds(spec, lock):
                 except tf.errors.OpError as exc:
                     failed[strategy] = _first_lines(exc)
                     del runs[strategy], times[strategy]
+                    order.remove(strategy)
                     session.close()
                     continue
                 if round_ >= spec.warmup:
                     times[strategy].append(time.perf_counter() - start)
+            # so no strategy always follows the same one (whose host copies may still run)
+            order.reverse()
     for session, _ in runs.values():
         session.close()
     return {"quartiles": {strategy: quartiles(taken) for strategy, taken in times.items()},

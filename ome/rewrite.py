@@ -146,6 +146,8 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
             if t.name == tensor:
                 tfprivate.update_input(op, i, replacement)
                 info.rerouted += 1
+    # Last: gating replaces an input, and copies must read a fence's original inputs and
+    # reroutes find a deferred op's by name.
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("wait"):
         for s in sched.swaps:
             if s.fence:
@@ -180,7 +182,7 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
     group's first copies, those reading no copy of the same group, wait for its triggers
     (and its leaves); the others wait for them through the tensors they read."""
     group_of = {op: g for g in sched.groups for op in g.ops}
-    copies, copied_by = {}, {}
+    copies = {}
     with tf.name_scope("recompute"):
         for name in sorted(group_of, key=view.position.__getitem__):
             original, group = ops[name], group_of[name]
@@ -188,7 +190,7 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
             for t in original.inputs:
                 if t.name in copies and decisions.get(t.name) == Decision.RECOMPUTE:
                     inputs.append(copies[t.name])
-                    first = first and copied_by[t.name] is not group
+                    first = first and group_of[t.op.name] is not group
                 elif t.name in swapped_in:
                     inputs.append(swapped_in[t.name])
                 else:
@@ -197,9 +199,7 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
                 inputs[0] = _gated(inputs[0], [ops[t] for t in group.triggers + group.waits],
                                    name)
             copy = tfprivate.copy_op(original, inputs, name)
-            for t in original.outputs:
-                copies[t.name] = copy.outputs[t.value_index]
-                copied_by[t.name] = group
+            copies.update(zip((t.name for t in original.outputs), copy.outputs))
     return copies
 
 
