@@ -10,10 +10,11 @@ _EXPLAIN_MEMORY = (
     "Memory in MiB, time in seconds per step; `×vanilla` columns divide by the vanilla row of "
     "the same model and batch. `max_mem` is the allocator's peak, `memory_cost` is `max_mem` "
     "minus what stays allocated between steps (weights, optimizer slots). In host emulation "
-    "the accelerator (CPU:0) and the host (CPU:1) share that allocator, so `device peak` is "
-    "`max_mem` minus the host's peak in a traced step: equal to `max_mem` when nothing is "
-    "swapped, a lower bound (off by at most the host peak) when something is. With a GPU, "
-    "`device peak` is `max_mem`.")
+    "the accelerator (CPU:0) and the host (CPU:1) share that allocator: `device peak` is "
+    "`max_mem` when nothing is swapped; when something is, the most bytes the allocator held "
+    "at once less the host's chunks live at that moment, from the allocator's own records of "
+    "profiled steps (each chunk belongs to the device of the op that allocated it). With a "
+    "GPU, `device peak` is `max_mem`.")
 _EXPLAIN_NOISE = ("`~`: the step-time difference to vanilla is smaller than the larger of the "
                   "two IQRs, so it is not a measured difference.")
 

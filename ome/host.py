@@ -5,7 +5,8 @@ On a machine with a GPU the accelerator is ``/device:GPU:0`` and the host is
 device-to-host copy. Without a GPU, swapping is *emulated*: the CPU is split into two
 logical devices, ``/device:CPU:0`` plays the accelerator and ``/device:CPU:1`` the host.
 Both share one allocator, and a tensor passed between them keeps its buffer, so the host
-copy must be a real copy (``tf.raw_ops.DeepCopy`` placed on the host).
+copy must be a real copy (``tf.raw_ops.DeepCopy`` placed on the host), and so must the copy
+back (a ``DeepCopy`` on the accelerator, which holds its own copy as a GPU would).
 
 Logical devices must be configured before TensorFlow initialises its runtime: call
 :func:`emulate_host` before any eager op, ``tf.config.list_logical_devices()`` or

@@ -7,12 +7,17 @@ Figures come from TensorFlow's own accounting, never from an estimate:
   CPUs (swap emulation) both share one allocator, so these figures cover both.
 - ``per_device`` splits memory by device from one traced step: the allocation records in
   ``RunMetadata.step_stats`` are summed per device in time order.
+- ``shared`` (swap emulation only, when the step places ops on the host): the accelerator's
+  and the host's exact peaks from the shared allocator's own records of profiled steps,
+  each chunk attributed to the device of the op that allocated it
+  (:func:`shared_allocator_peaks`).
 
 ``memory_cost = max_mem - mem_used`` follows the thesis's columns: the memory a step needs
 on top of what stays allocated (weights, optimizer slots). ``device_peak`` / ``host_peak``
 (see :func:`device_peaks`) split ``max_mem`` between the accelerator and the host, and
 ``step_time_quartiles`` gives the spread of the timed steps around their median.
 """
+import collections
 import dataclasses
 import logging
 import resource
@@ -23,6 +28,7 @@ from typing import Mapping, Optional, Tuple
 
 import tensorflow as tf
 
+from ome import tfprivate
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError, OutOfMemoryError
 from ome.host import canonical_device
 
@@ -31,12 +37,14 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DeviceMemory",
     "Measurement",
+    "SharedAllocatorPeaks",
     "device_peaks",
     "measure",
     "peak_from_records",
     "per_device_memory",
     "host_rss",
     "quartiles",
+    "shared_allocator_peaks",
 ]
 
 _MiB = float(1 << 20)
@@ -99,10 +107,29 @@ class DeviceMemory:
 
 
 @dataclasses.dataclass(frozen=True)
+class SharedAllocatorPeaks:
+    """Peaks of an allocator shared by the accelerator and the host, in bytes, from its own
+    records of a run of steps (see :func:`shared_allocator_peaks`).
+
+    ``allocator_peak``: the most bytes it held (what stayed allocated included).
+    ``device_peak``: the most it held at once less the host's chunks live at that moment.
+    ``host_peak``: the most bytes the host's chunks held at once.
+    """
+
+    allocator_peak: int
+    device_peak: int
+    host_peak: int
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class Measurement:
     """What :func:`measure` found. Memory in bytes, times in seconds.
 
-    ``per_device`` is ``None`` when the step was not traced.
+    ``per_device`` is ``None`` when the step was not traced; ``shared`` is ``None`` unless
+    the step was traced in swap emulation and put something on the host.
     """
 
     device: str
@@ -112,6 +139,7 @@ class Measurement:
     step_times: Tuple[float, ...]
     host_rss: int
     per_device: Optional[Mapping[str, DeviceMemory]] = dataclasses.field(default=None, hash=False)
+    shared: Optional[SharedAllocatorPeaks] = None
 
     @property
     def memory_cost(self):
@@ -120,12 +148,18 @@ class Measurement:
 
     @property
     def device_peak(self):
-        """The accelerator's peak in bytes (see :func:`device_peaks`)."""
+        """The accelerator's peak in bytes: in swap emulation with something on the host,
+        ``shared.device_peak`` (exact, from the profiled steps); otherwise as
+        :func:`device_peaks` gives it."""
+        if self.shared is not None:
+            return self.shared.device_peak
         return device_peaks(self.per_device, max_mem=self.max_mem)[0]
 
     @property
     def host_peak(self):
-        """The host's traced peak in bytes, or ``None`` (see :func:`device_peaks`)."""
+        """The host's peak in bytes, or ``None`` when the step was not traced."""
+        if self.shared is not None:
+            return self.shared.host_peak
         return device_peaks(self.per_device, max_mem=self.max_mem)[1]
 
     @property
@@ -151,6 +185,7 @@ class Measurement:
             "step_times": list(self.step_times),
             "step_time_quartiles": list(self.step_time_quartiles),
             "host_rss": self.host_rss,
+            "shared": None if self.shared is None else self.shared.to_dict(),
             "per_device": (
                 None
                 if self.per_device is None
@@ -168,6 +203,10 @@ class Measurement:
         ]
         for name, memory in sorted((self.per_device or {}).items()):
             lines.append(f"  {name}: {memory}")
+        if self.shared is not None:
+            lines.append(f"  shared allocator: device peak {self.shared.device_peak / _MiB:.2f} "
+                         f"MiB, host peak {self.shared.host_peak / _MiB:.2f} MiB, allocator "
+                         f"peak {self.shared.allocator_peak / _MiB:.2f} MiB (profiled steps)")
         return "\n".join(lines)
 
 
@@ -193,7 +232,11 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
     steps : int
         Timed steps; each starts with ``reset_memory_stats(device)``.
     trace : bool
-        Run one more, untimed step with ``FULL_TRACE`` to fill ``per_device``.
+        Run one more, untimed step with ``FULL_TRACE`` to fill ``per_device``. When that
+        step ran ops on another CPU device than ``device`` (swap emulation: the host),
+        ``steps`` more steps run under TensorFlow's profiler to fill ``shared``; if the profiler
+        cannot run (another profiling session is active) ``shared`` stays ``None`` and
+        ``device_peak`` is a lower bound, with a warning.
 
     Returns
     -------
@@ -235,13 +278,16 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         peaks.append(info["peak"])
         current = info["current"]
 
-    per_device = None
+    per_device = shared = None
     if trace:
         run_metadata = tf.compat.v1.RunMetadata()
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         _run(session, fetches, feed_dict, phase="traced",
              options=options, run_metadata=run_metadata)
         per_device = per_device_memory(run_metadata)
+        host_ops = _ops_sharing_allocator(run_metadata, stats_device)
+        if host_ops:
+            shared = _profiled_peaks(session, fetches, feed_dict, host_ops, steps=steps)
 
     result = Measurement(
         device=stats_device,
@@ -251,6 +297,7 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         step_times=tuple(times),
         host_rss=host_rss(),
         per_device=per_device,
+        shared=shared,
     )
     logger.debug("Measured %s", result)
     return result
@@ -300,8 +347,53 @@ def per_device_memory(run_metadata):
     }
 
 
+def shared_allocator_peaks(events, host_ops):
+    """:class:`SharedAllocatorPeaks` from an allocator's own records of a run of steps.
+
+    ``events`` are :data:`ome.tfprivate.AllocatorEvent`-like tuples ``(picos, allocator, op,
+    address, nbytes, allocated)``: a chunk of ``nbytes`` allocated at ``address`` by ``op``
+    (``nbytes < 0``: freed), after which the allocator holds ``allocated`` bytes. Chunks
+    allocated by an op in ``host_ops`` are the host's; every other chunk, including those
+    allocated before the records begin, is the accelerator's. Only the allocator that holds
+    the host's chunks is read (when the host allocated nothing: the one with the most
+    events).
+
+    Examples
+    --------
+    Weights of 100 bytes, a 40-byte activation, its 40-byte host copy, then the
+    activation freed:
+
+    >>> shared_allocator_peaks([(0, "bfc", "relu", 1, 40, 140),
+    ...                         (1, "bfc", "swap_out", 2, 40, 180),
+    ...                         (2, "bfc", "", 1, -40, 140)], {"swap_out"})
+    SharedAllocatorPeaks(allocator_peak=180, device_peak=140, host_peak=40)
+    """
+    events = sorted(events, key=lambda event: event[0])
+    on_host = collections.Counter(e[1] for e in events if e[4] > 0 and e[2] in host_ops)
+    every = collections.Counter(e[1] for e in events)
+    if not every:
+        raise InvalidArgumentError("no allocator events: was the step run under the profiler "
+                                   "with a BFC allocator (TF_CPU_ALLOCATOR_USE_BFC=1)?")
+    allocator = (on_host or every).most_common(1)[0][0]
+    host_chunks, host_live = {}, 0
+    allocator_peak = device_peak = host_peak = 0
+    for _, name, op, address, nbytes, allocated in events:
+        if name != allocator:
+            continue
+        if nbytes > 0 and op in host_ops:
+            host_chunks[address] = nbytes
+            host_live += nbytes
+        elif nbytes < 0:
+            host_live -= host_chunks.pop(address, 0)
+        allocator_peak = max(allocator_peak, allocated)
+        device_peak = max(device_peak, allocated - host_live)
+        host_peak = max(host_peak, host_live)
+    return SharedAllocatorPeaks(allocator_peak, device_peak, host_peak)
+
+
 def device_peaks(per_device, *, max_mem):
-    """``(device_peak, host_peak)`` in bytes: the accelerator's and the host's peak.
+    """``(device_peak, host_peak)`` in bytes from ``max_mem`` and the traced records; what
+    :attr:`Measurement.device_peak` falls back to without the shared allocator's records.
 
     ``per_device`` maps device names to :class:`DeviceMemory` (or anything with ``.peak``):
     the most bytes a traced step allocated on that device on top of what was already there;
@@ -313,7 +405,8 @@ def device_peaks(per_device, *, max_mem):
     between it and ``max_mem``, and equals it when the host copies are all live at the
     allocator's peak (swapped out in the forward pass, brought back in the backward one).
 
-    The accelerator's own traced peak is not used: its allocation records miss
+    :func:`shared_allocator_peaks` gives the exact figure instead. The accelerator's own
+    traced peak is not used: its allocation records miss
     deallocations on rewritten graphs (tens of MiB still "live" at the end of a step whose
     resident memory did not grow), so it overstates.
 
@@ -377,6 +470,33 @@ def _check_count(name, value, *, minimum):
     if value < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def _ops_sharing_allocator(run_metadata, stats_device):
+    """Names of the traced step's ops on other CPU devices than ``stats_device``, when that
+    is a CPU (swap emulation: the host's ops, which share its allocator)."""
+    if not stats_device.startswith("CPU:"):
+        return set()
+    return {node.node_name
+            for dev_stats in run_metadata.step_stats.dev_stats
+            if _short_device(dev_stats.device).startswith("/device:CPU:")
+            and not _short_device(dev_stats.device).endswith("/device:" + stats_device)
+            for node in dev_stats.node_stats}
+
+
+def _profiled_peaks(session, fetches, feed_dict, host_ops, *, steps):
+    """:class:`SharedAllocatorPeaks` of ``steps`` steps run under the profiler (each peak the
+    highest of any step, as ``max_mem`` is), or ``None`` when the profiler cannot run or the
+    host allocated nothing."""
+    try:
+        events = tfprivate.allocator_events(
+            lambda: [_run(session, fetches, feed_dict, phase="profiled") for _ in range(steps)])
+        peaks = shared_allocator_peaks(events, host_ops)
+    except (tf.errors.AlreadyExistsError, InvalidArgumentError) as err:
+        logger.warning("The shared allocator's records could not be read (%s); the device "
+                       "peak is a lower bound: max_mem less the host's traced peak.", err)
+        return None
+    return peaks if peaks.host_peak else None
 
 
 def _stats_device(device):

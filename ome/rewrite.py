@@ -74,10 +74,13 @@ def swap_out(tensor, host_device, *, real_copy, name="swap_out"):
     return out
 
 
-def swap_in(host_tensor, device, trigger_ops, *, name="swap_in"):
-    """``host_tensor`` back on ``device``, not before ``trigger_ops`` ran."""
+def swap_in(host_tensor, device, trigger_ops, *, real_copy, name="swap_in"):
+    """``host_tensor`` back on ``device``, not before ``trigger_ops`` ran: a ``DeepCopy`` in
+    the two-CPU emulation, so the device holds its own copy as it would on a GPU (an
+    identity would share the host's buffer and cost the device nothing)."""
     with tf.device(device):
-        back = tf.identity(host_tensor, name=name)
+        back = (tf.raw_ops.DeepCopy(x=host_tensor, name=name) if real_copy
+                else tf.identity(host_tensor, name=name))
     tfprivate.protect_from_grappler(back.op)
     if trigger_ops:
         tfprivate.add_control_inputs(back.op, trigger_ops)
@@ -133,7 +136,8 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
                 out = swap_out(original, plan.host_device, real_copy=real_copy)
                 swapped_out[s.tensor] = out.op
                 device = original.op.device or host.accelerator_device()
-                swapped_in[s.tensor] = swap_in(out, device, [ops[t] for t in s.triggers])
+                swapped_in[s.tensor] = swap_in(out, device, [ops[t] for t in s.triggers],
+                                                real_copy=real_copy)
             info.swapped.append(s.tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
         copies = _copy_groups(graph, view, sched, ops, decisions, swapped_in)

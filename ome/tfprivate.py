@@ -5,10 +5,15 @@ inputs after creation, nor to ask an op for its creation order or control-flow c
 ome needs each of these; they are wrapped here so that a TensorFlow upgrade that changes
 them breaks one module. ``ome.patch``'s monkeypatching of ``tf.gradients`` also lives here,
 and so do the private hooks of Keras 3's TensorFlow train step that ``ome.keras`` mirrors
-(Keras is imported only when one of those is called).
+(Keras is imported only when one of those is called), and the reading of the profiler's
+private trace format for the allocator's own records (:func:`allocator_events`).
 """
+import collections
 import contextlib
+import glob
 import importlib
+import os
+import tempfile
 
 import tensorflow as tf
 
@@ -112,3 +117,61 @@ def keras_gradients_not_all_reduced(optimizers):
     finally:
         for each in patched:
             del each._all_reduce_sum_gradients  # pylint: disable=protected-access
+
+
+# One allocator event of a profiled step. ``nbytes`` is the chunk's size, negative when it is
+# freed; ``allocated`` the allocator's bytes in use just after; ``op`` the op that allocated
+# it ("" for a deallocation, which names no op).
+AllocatorEvent = collections.namedtuple(
+    "AllocatorEvent", "picos allocator op address nbytes allocated")
+
+
+def allocator_events(run):
+    """Call ``run()`` under TensorFlow's profiler; return the allocators' events, in time
+    order, as :data:`AllocatorEvent` tuples.
+
+    A BFC allocator emits one profiler event per allocation and deallocation (the
+    "MemoryAllocation"/"MemoryDeallocation" events of ``tf.profiler``'s memory profile),
+    naming the allocating op. The profile is written to a temporary directory and read back
+    with the trace format's private protobuf module. Raises ``tf.errors.AlreadyExistsError``
+    when another profiling session (a user's, or a ``FULL_TRACE`` step) is active.
+    """
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+
+    options = tf.profiler.experimental.ProfilerOptions(
+        host_tracer_level=2, python_tracer_level=0, device_tracer_level=0)
+    with tempfile.TemporaryDirectory(prefix="ome-profile-") as logdir:
+        tf.profiler.experimental.start(logdir, options=options)
+        try:
+            run()
+        finally:
+            tf.profiler.experimental.stop()
+        space = xplane_pb2.XSpace()
+        for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
+            with open(path, "rb") as trace:
+                space.MergeFromString(trace.read())
+    events = []
+    for plane in space.planes:
+        event_names = {key: value.name for key, value in plane.event_metadata.items()}
+        stat_names = {key: value.name for key, value in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                kind = event_names.get(event.metadata_id)
+                if kind not in ("MemoryAllocation", "MemoryDeallocation"):
+                    continue
+                stats = {}
+                for stat in event.stats:
+                    name = stat_names.get(stat.metadata_id)
+                    value = stat.WhichOneof("value")
+                    stats[name] = (stat_names.get(stat.ref_value) if value == "ref_value"
+                                   else getattr(stat, value) if value else None)
+                nbytes = int(stats.get("allocation_bytes") or 0)
+                events.append(AllocatorEvent(
+                    picos=line.timestamp_ns * 1000 + event.offset_ps,
+                    allocator=str(stats.get("allocator_name") or ""),
+                    op=str(stats.get("tf_op") or "") if kind == "MemoryAllocation" else "",
+                    address=int(stats.get("addr") or 0),
+                    nbytes=nbytes if kind == "MemoryAllocation" else -nbytes,
+                    allocated=int(stats.get("bytes_allocated") or 0)))
+    events.sort(key=lambda e: e.picos)
+    return events

@@ -50,10 +50,9 @@ def comparison(rows):
             continue
         error = (row.predicted_peak_bytes - row.device_peak_bytes) / row.device_peak_bytes
         judged += 1
-        swapped = " (swaps: measured is a lower bound)" if row.swapped_count else ""
         lines.append(f"{row.model:<13} {row.strategy:<13} {row.batch_size:>5} "
                      f"{row.predicted_peak_bytes / MiB:>13.1f} "
-                     f"{row.device_peak_bytes / MiB:>12.1f} {error:>+7.1%}{swapped}")
+                     f"{row.device_peak_bytes / MiB:>12.1f} {error:>+7.1%}")
         if abs(error) > TOLERANCE:
             misses.append(row)
     lines.append(f"{judged - len(misses)} of {judged} predictions within "
