@@ -332,3 +332,42 @@ def test_measured_sizes_replace_the_static_ones():
     chunky = dataclasses.replace(measured, chunk_overhead=1.5).sized(view)
     assert chunky.tensors["a:0"].bytes == 4.5 * MiB and chunky.tensors["b:0"].bytes == 1.5 * MiB
     assert chunky.tensors["x:0"].bytes == view.tensors["x:0"].bytes
+
+
+def tanh_chain(layers, sizes=None):
+    """``layers`` tanh ops of 1 MiB each (``sizes`` overrides), their gradients below."""
+    names = [f"t{i}" for i in range(layers)]
+    inputs = ["x"] + names
+    forward = [("x", "Placeholder", [], 1)] + \
+        [(n, "Tanh", [inputs[i] + ":0"], 1) for i, n in enumerate(names)] + \
+        [("y", "Sum", [names[-1] + ":0"], 1)]
+    backward, upstream = [("g_y", "Fill", [], 1)], "g_y"
+    for n in reversed(names):
+        backward.append((f"g_{n}", "TanhGrad", [f"{n}:0", f"{upstream}:0"], 1))
+        upstream = f"g_{n}"
+    return build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=[f"{upstream}:0"],
+                      sizes={"y:0": 4, "g_y:0": 4, **(sizes or {})}, persistent=["x:0"])
+
+
+INSTANT_COPIES = CostModel(bandwidth=1e18)
+
+
+def test_swap_auto_swaps_checkpoints_that_lower_the_peak():
+    view = tanh_chain(8)
+    plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
+    swapped = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
+    assert sorted(swapped.swapped) == ["t1:0", "t3:0"]  # t5, the last checkpoint, stays
+    assert simulate.simulate(view, plan, INSTANT_COPIES).device_peak == 6 * MiB
+    assert simulate.simulate(view, swapped, INSTANT_COPIES).device_peak == 5 * MiB
+
+
+def test_swap_auto_leaves_the_plan_when_the_saving_is_within_the_simulators_error(caplog):
+    # a 100 MiB last layer dominates the peak: swapping t1 and t3 would save 1 of 105 MiB
+    view = tanh_chain(8, {"t7:0": 100 * MiB})
+    plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
+    everything = planner.with_swaps(view, plan, ["t1:0", "t3:0"], "/device:CPU:1", reason="r")
+    assert simulate.simulate(view, everything, INSTANT_COPIES).device_peak == 104 * MiB
+    with caplog.at_level("INFO", logger="ome.planner"):
+        unchanged = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
+    assert unchanged is plan and not unchanged.swapped
+    assert "from 105.0 MiB to 104.0 MiB, less than 5%" in caplog.text
