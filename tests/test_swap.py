@@ -136,9 +136,11 @@ def model_grads_peak(name, batch, size, **options):
     return m.device_peak, m.host_peak
 
 
-# ResNet-18 at 16 x 128x128 only: at 96x96 the swaps would save 4.9% of the simulated peak
-# and on InceptionV4 (8 x 96x96) 2.8%, less than planner.SWAP_MIN_SAVING, so swap="auto"
-# swaps nothing there.
+# ResNet-50 at 16 x 112x112, where the swaps are predicted to save 12.5% of the peak and
+# measured 9-11% (415-432 -> 378-385 MiB). Smaller savings drown in the peak's variation
+# between runs: ResNet-18 at 16 x 128x128 (predicted 4.7%) measured 204 -> 197 MiB in one
+# run and 200 -> 201 in another; at 96x96 and on InceptionV4 the predicted saving is below
+# planner.SWAP_MIN_SAVING and swap="auto" swaps nothing.
 # In a process of its own: in the full suite, what earlier tests left in the allocator
 # changed the traced peaks (recompute-only 111 MiB, with swaps 139 MiB; alone 139-155 and
 # 105-128).
@@ -151,7 +153,7 @@ print(recompute, ome_peak, host)
 """
 
 
-@pytest.mark.parametrize("name,batch,size", [("resnet18", 16, 128)])
+@pytest.mark.parametrize("name,batch,size", [("resnet50", 16, 112)])
 def test_ome_below_recompute_only_on_models(name, batch, size):
     out = subprocess.run([sys.executable, "-c", _MODEL_PEAKS.format(name=name, batch=batch,
                                                                     size=size)],
