@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "accelerator_device",
     "canonical_device",
+    "copy_to",
     "default_host_device",
     "emulate_host",
     "measure_bandwidth",
@@ -243,6 +244,16 @@ def needs_real_copy(host_device):
     return host_type == "CPU" and accelerator_type == "CPU"
 
 
+def copy_to(tensor, device, *, real_copy, name=None):
+    """``tensor`` on ``device``: a ``DeepCopy`` when ``real_copy`` (the two-CPU emulation,
+    where an identity would share the buffer), else an identity, for which TensorFlow
+    inserts the transfer between devices."""
+    with tf.device(device):
+        if real_copy:
+            return tf.raw_ops.DeepCopy(x=tensor, name=name)
+        return tf.identity(tensor, name=name)
+
+
 def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
     """Measure the accelerator <-> host copy bandwidth in bytes per second.
 
@@ -266,10 +277,6 @@ def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
         raise InvalidArgumentError(f"repeats must be an int >= 1, got {repeats!r}")
     accelerator = accelerator_device()
     real_copy = needs_real_copy(host)
-
-    def copy(tensor):
-        return tf.raw_ops.DeepCopy(x=tensor) if real_copy else tf.identity(tensor)
-
     elements = nbytes // 4
 
     graph = tf.Graph()
@@ -279,10 +286,8 @@ def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
                 tf.ones([elements], tf.float32), name="ome_bandwidth_source", use_resource=True
             )
             value = source.read_value()
-        with tf.device(host):
-            on_host = copy(value)
-        with tf.device(accelerator):
-            back = copy(on_host)
+        on_host = copy_to(value, host, real_copy=real_copy)
+        back = copy_to(on_host, accelerator, real_copy=real_copy)
         config = session_config()
         config.graph_options.rewrite_options.disable_meta_optimizer = True
         with tf.compat.v1.Session(graph=graph, config=config) as session:

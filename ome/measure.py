@@ -14,7 +14,8 @@ Figures come from TensorFlow's own accounting, never from an estimate:
 
 ``memory_cost = max_mem - mem_used`` follows the thesis's columns: the memory a step needs
 on top of what stays allocated (weights, optimizer slots). ``device_peak`` / ``host_peak``
-(see :func:`device_peaks`) split ``max_mem`` between the accelerator and the host, and
+split memory between the accelerator and the host (``shared`` where it exists, else
+:func:`device_peaks`), and
 ``step_time_quartiles`` gives the spread of the timed steps around their median.
 """
 import collections
@@ -477,10 +478,11 @@ def _ops_sharing_allocator(run_metadata, stats_device):
     is a CPU (swap emulation: the host's ops, which share its allocator)."""
     if not stats_device.startswith("CPU:"):
         return set()
+    own = "/device:" + stats_device
     return {node.node_name
             for dev_stats in run_metadata.step_stats.dev_stats
-            if _short_device(dev_stats.device).startswith("/device:CPU:")
-            and not _short_device(dev_stats.device).endswith("/device:" + stats_device)
+            for device in [_short_device(dev_stats.device)]
+            if device.startswith("/device:CPU:") and device != own
             for node in dev_stats.node_stats}
 
 

@@ -65,22 +65,16 @@ def gradient_seeds(graph, grad_ys, scope):
 
 
 def swap_out(tensor, host_device, *, real_copy, name="swap_out"):
-    """A copy of ``tensor`` on ``host_device``: a ``DeepCopy`` when host and device share
-    an allocator (the two-CPU emulation), else an identity TensorFlow turns into a copy."""
-    with tf.device(host_device):
-        out = (tf.raw_ops.DeepCopy(x=tensor, name=name) if real_copy
-               else tf.identity(tensor, name=name))
+    """A copy of ``tensor`` on ``host_device`` (:func:`ome.host.copy_to`)."""
+    out = host.copy_to(tensor, host_device, real_copy=real_copy, name=name)
     tfprivate.protect_from_grappler(out.op)
     return out
 
 
 def swap_in(host_tensor, device, trigger_ops, *, real_copy, name="swap_in"):
-    """``host_tensor`` back on ``device``, not before ``trigger_ops`` ran: a ``DeepCopy`` in
-    the two-CPU emulation, so the device holds its own copy as it would on a GPU (an
-    identity would share the host's buffer and cost the device nothing)."""
-    with tf.device(device):
-        back = (tf.raw_ops.DeepCopy(x=host_tensor, name=name) if real_copy
-                else tf.identity(host_tensor, name=name))
+    """``host_tensor`` back on ``device``, not before ``trigger_ops`` ran. In the two-CPU
+    emulation a ``DeepCopy``, so the device holds its own copy as it would on a GPU."""
+    back = host.copy_to(host_tensor, device, real_copy=real_copy, name=name)
     tfprivate.protect_from_grappler(back.op)
     if trigger_ops:
         tfprivate.add_control_inputs(back.op, trigger_ops)
