@@ -232,6 +232,105 @@ def replay_order(view, deferred=()):
     return sorted(key, key=key.__getitem__)
 
 
+def events(view, sched, decisions):
+    """``(kind, name)`` in the order the simulator replays: ops (less :func:`unfetched`) in
+    :func:`replay_order`, each swap-out after its producer, swap-ins and copies right
+    after the op they are wired after. Where that puts an event before one it waits for
+    (a copy waiting for the ys' producers, which a backprop starting from constants does
+    not), the earliest order that respects every dependency the rewrite builds, ties in
+    the first order's."""
+    swapped = {view.tensors[s.tensor].op: [] for s in sched.swaps}
+    for s in sched.swaps:
+        swapped[view.tensors[s.tensor].op].append(s.tensor)
+    after: Dict[str, list] = {}
+    for s in sched.swaps:
+        after.setdefault(s.after, []).append(("swap_in", s.tensor))
+    for g in sched.groups:
+        after.setdefault(g.after, []).extend(("copy", op) for op in g.ops)
+    pruned = unfetched(view, sched)
+    replay = []
+    for name in replay_order(view, sched.deferred):
+        if name in pruned:
+            continue
+        replay.append(("op", name))
+        replay.extend(("swap_out", t) for t in swapped.get(name, ()))
+        replay.extend(after.get(name, ()))
+    index = {event: i for i, event in enumerate(replay)}
+    edges = [(d, e) for e, deps in _event_dependencies(view, sched, decisions).items()
+             if e in index for d in deps if d in index]
+    if all(index[d] < index[e] for d, e in edges):
+        return replay
+    graph = nx.DiGraph(edges)
+    graph.add_nodes_from(replay)
+    return list(nx.lexicographical_topological_sort(graph, key=index.__getitem__))
+
+
+def event_key(kind, tensor):
+    """The name of the value event ``kind`` makes of ``tensor``: the tensor itself for an
+    op, ``"copy@t"``, ``"swap_out@t"`` or ``"swap_in@t"`` otherwise."""
+    return tensor if kind == "op" else f"{kind}@{tensor}"
+
+
+def event_outputs(view, kind, name):
+    """The value keys (:func:`event_key`) event ``(kind, name)`` makes."""
+    if kind in ("op", "copy"):
+        return [event_key(kind, t) for t in view.ops[name].outputs]
+    return [event_key(kind, name)]
+
+
+def event_reads(view, sched, decisions):
+    """For each event, the value keys it reads (one entry per read); ``decisions`` as
+    :meth:`ome.plans.Plan.decisions`."""
+    rerouted = {}
+    for reader, tensor in sched.reroutes:
+        kind = "swap_in" if decisions.get(tensor) == Decision.SWAP else "copy"
+        rerouted[(reader, tensor)] = event_key(kind, tensor)
+    copied = set(sched.copied_ops)
+    swapped = {s.tensor for s in sched.swaps}
+    reads = {}
+    for name in view.forward + view.backward:
+        reads[("op", name)] = [rerouted.get((name, t), t) for t in view.ops[name].inputs]
+    for op in copied:
+        keys = []
+        for t in view.ops[op].inputs:
+            if view.tensors[t].op in copied and decisions.get(t) == Decision.RECOMPUTE:
+                keys.append(event_key("copy", t))
+            elif t in swapped:
+                keys.append(event_key("swap_in", t))
+            else:
+                keys.append(t)
+        reads[("copy", op)] = keys
+    for t in swapped:
+        reads[("swap_out", t)] = [t]
+        reads[("swap_in", t)] = [event_key("swap_out", t)]
+    return reads
+
+
+def _event_dependencies(view, sched, decisions):
+    """``{event: events it waits for}``, as the rewrite wires them: data reads, control
+    inputs, deferrals, the triggers of copies and swap-ins, and fences."""
+    def producer(key):
+        kind, _, tensor = key.rpartition("@")
+        if kind in ("swap_out", "swap_in"):
+            return (kind, tensor)
+        return (kind or "op", view.tensors[tensor].op)
+
+    deps = {event: {producer(key) for key in keys}
+            for event, keys in event_reads(view, sched, decisions).items()}
+    for name in view.forward + view.backward:
+        deps[("op", name)].update(("op", c) for c in view.ops[name].control_inputs)
+    for name, triggers in sched.deferred:
+        deps[("op", name)].update(("op", t) for t in triggers)
+    for g in sched.groups:
+        for op in g.ops:
+            deps[("copy", op)].update(("op", t) for t in g.triggers + g.waits)
+    for s in sched.swaps:
+        deps[("swap_in", s.tensor)].update(("op", t) for t in s.triggers)
+        if s.fence:
+            deps[("op", s.fence)].add(("swap_out", s.tensor))
+    return deps
+
+
 def _triggers(view, name, levels):
     """What a copy needed by backward op ``name`` waits for: the ops of the gradient flow
     feeding ``name``; and the producers of ys when those wait for no forward op (the

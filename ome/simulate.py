@@ -1,9 +1,9 @@
 """Simulator: replay a Plan's schedule op by op and predict device and host memory.
 
-The replay follows :func:`ome.schedule.replay_order` and inserts each swap-in and each
-recompute group right after the op its triggers end with, exactly as the rewrite wires
-them. A tensor's buffer is allocated when its op runs and freed when its last reader in
-the replay has run, the way TensorFlow's executor frees by reference count. Views of a
+The replay is :func:`ome.schedule.events`: each backward op as soon as it is ready, each
+swap-in and recompute group right after the op its triggers end with, and never an event
+before one the rewrite makes it wait for. A tensor's buffer is allocated when its op runs
+and freed when its last reader in the replay has run, the way TensorFlow's executor frees by reference count. Views of a
 buffer (``Identity``, ``Reshape``...) share it; element-wise ops reuse an input buffer that
 they are the last reader of, as TensorFlow's kernels do. Memory held across steps
 (variables, feeds, constants) is not counted: ``static_bytes`` callers add it. ``ys``
@@ -20,7 +20,7 @@ memory (``ome.profile``) adds each kernel's scratch bytes while it runs. It is a
 """
 import heapq
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict
 
 from ome import schedule as schedule_mod
 from ome.costs import STATIC
@@ -77,8 +77,8 @@ def simulate(view, plan, model=STATIC):
     :class:`Prediction`."""
     sched = plan.schedule
     decisions = plan.decisions()
-    events = _events(view, sched)
-    reads = _reads(view, sched, decisions)
+    events = schedule_mod.events(view, sched, decisions)
+    reads = schedule_mod.event_reads(view, sched, decisions)
     remaining: Dict[str, int] = {}
     for event in events:  # only reads that run: a pruned op frees nothing it would read
         for key in reads.get(event, ()):
@@ -100,7 +100,7 @@ def simulate(view, plan, model=STATIC):
     peak_at = ""
     for index, (kind, name) in enumerate(events):
         inputs = reads.get((kind, name), [])
-        for key in _outputs(view, kind, name):
+        for key in schedule_mod.event_outputs(view, kind, name):
             tensor = key.split("@", 1)[-1]
             info = view.tensors[tensor]
             size = 0 if info.persistent or not info.bytes else info.bytes
@@ -157,7 +157,7 @@ def simulate(view, plan, model=STATIC):
         for x in [x for x, (_, waiting) in copies.items()
                   if all(buffers[owner[r]].readers <= 0 for r in waiting)]:
             live -= copies.pop(x)[0]  # the old value's last read has run
-        for key in _outputs(view, kind, name):  # nothing reads it: freed at once
+        for key in schedule_mod.event_outputs(view, kind, name):  # nothing reads it: freed at once
             buffer = buffers.get(owner.get(key))
             if buffer is not None and buffer.readers <= 0 and not buffer.pinned:
                 live -= buffer.size
@@ -184,65 +184,6 @@ def _releases(view, sched, events, updated):
     position = {event: i for i, event in enumerate(events)}
     return {g: max(position[("copy" if op in copied else "op", op)] for op in ops)
             for g, ops in sched.holds if g in updated}
-
-
-def _events(view, sched):
-    """``(kind, name)`` in replay order: ops (less :func:`ome.schedule.unfetched`), swap-outs
-    after producers, then swap-ins and copies right after their anchors."""
-    swapped = {view.tensors[s.tensor].op: [] for s in sched.swaps}
-    for s in sched.swaps:
-        swapped[view.tensors[s.tensor].op].append(s.tensor)
-    after: Dict[str, List] = {}
-    for s in sched.swaps:
-        after.setdefault(s.after, []).append(("swap_in", s.tensor))
-    for g in sched.groups:
-        after.setdefault(g.after, []).extend(("copy", op) for op in g.ops)
-    pruned = schedule_mod.unfetched(view, sched)
-    events = []
-    for name in schedule_mod.replay_order(view, sched.deferred):
-        if name in pruned:
-            continue
-        events.append(("op", name))
-        events.extend(("swap_out", t) for t in swapped.get(name, ()))
-        events.extend(after.get(name, ()))
-    return events
-
-
-def _key(kind, tensor):
-    return tensor if kind == "op" else f"{kind}@{tensor}"
-
-
-def _outputs(view, kind, name):
-    if kind in ("op", "copy"):
-        return [_key(kind, t) for t in view.ops[name].outputs]
-    return [_key(kind, name)]
-
-
-def _reads(view, sched, decisions):
-    """For each event, the tensor keys it reads (one entry per read)."""
-    rerouted = {}
-    for reader, tensor in sched.reroutes:
-        kind = "swap_in" if decisions.get(tensor) == Decision.SWAP else "copy"
-        rerouted[(reader, tensor)] = _key(kind, tensor)
-    copied = set(sched.copied_ops)
-    swapped = {s.tensor for s in sched.swaps}
-    reads = {}
-    for name in view.forward + view.backward:
-        reads[("op", name)] = [rerouted.get((name, t), t) for t in view.ops[name].inputs]
-    for op in copied:
-        keys = []
-        for t in view.ops[op].inputs:
-            if view.tensors[t].op in copied and decisions.get(t) == Decision.RECOMPUTE:
-                keys.append(_key("copy", t))
-            elif t in swapped:
-                keys.append(_key("swap_in", t))
-            else:
-                keys.append(t)
-        reads[("copy", op)] = keys
-    for t in swapped:
-        reads[("swap_out", t)] = [t]
-        reads[("swap_in", t)] = [_key("swap_out", t)]
-    return reads
 
 
 def _view_source(view, kind, name, inputs):
