@@ -285,16 +285,18 @@ def _held(view, plan, options, static_bytes):
 
 
 def _no_worse_than_plain(view, plan, model, static_bytes):
-    """``plan``, or plain backprop when the simulator predicts ``plan`` saves nothing:
-    ome never raises memory by its own choice."""
+    """``plan``, or plain backprop when the simulator predicts ``plan`` saves less than
+    :data:`ome.planner.MIN_SAVING` of plain's peak: ome never raises memory by its own
+    choice, nor rewrites the graph for nothing."""
     if plan.changes_nothing():
         return plan
     plain = planner.with_predictions(view, select.keep_all(view), model, static_bytes)
-    if plan.estimates["device_peak"] < plain.estimates["device_peak"]:
+    if plan.estimates["device_peak"] <= (1.0 - planner.MIN_SAVING) * \
+            plain.estimates["device_peak"]:
         return plan
-    log.warning("checkpoints=%r: the predicted peak (%s) is no lower than plain backprop's "
-                "(%s) on this graph, so ome builds plain tf.gradients", plan.policy,
-                planner.format_bytes(plan.estimates["device_peak"]),
+    log.warning("checkpoints=%r: the predicted peak (%s) is not %.1f%% below plain "
+                "backprop's (%s) on this graph, so ome builds plain tf.gradients", plan.policy,
+                planner.format_bytes(plan.estimates["device_peak"]), 100 * planner.MIN_SAVING,
                 planner.format_bytes(plain.estimates["device_peak"]))
     return dataclasses.replace(plain, policy=f"{plan.policy} (no saving: plain)")
 

@@ -69,7 +69,10 @@ def _assert_gradients_equal(loss, variables, feed, policy):
         got, want = session.run([[tf.convert_to_tensor(g) for g in grads],
                                  [tf.convert_to_tensor(g) for g in expected]], feed)
     for g, w, v in zip(got, want, variables):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-8, err_msg=v.name)
+        # rounding on the tensor's scale: Grappler's arithmetic optimizer groups sums of
+        # the rewritten graph differently (1.3e-8 on a GPT embedding gradient of max 5e-2)
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max(),
+                                   err_msg=v.name)
     return plan
 
 
