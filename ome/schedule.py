@@ -232,13 +232,13 @@ def replay_order(view, deferred=()):
     return sorted(key, key=key.__getitem__)
 
 
-def events(view, sched, decisions):
+def events(view, sched, reads):
     """``(kind, name)`` in the order the simulator replays: ops (less :func:`unfetched`) in
     :func:`replay_order`, each swap-out after its producer, swap-ins and copies right
     after the op they are wired after. Where that puts an event before one it waits for
     (a copy waiting for the ys' producers, which a backprop starting from constants does
     not), the earliest order that respects every dependency the rewrite builds, ties in
-    the first order's."""
+    the first order's. ``reads``: :func:`event_reads` for the same schedule."""
     swapped = {view.tensors[s.tensor].op: [] for s in sched.swaps}
     for s in sched.swaps:
         swapped[view.tensors[s.tensor].op].append(s.tensor)
@@ -256,7 +256,7 @@ def events(view, sched, decisions):
         replay.extend(("swap_out", t) for t in swapped.get(name, ()))
         replay.extend(after.get(name, ()))
     index = {event: i for i, event in enumerate(replay)}
-    edges = [(d, e) for e, deps in _event_dependencies(view, sched, decisions).items()
+    edges = [(d, e) for e, deps in _event_dependencies(view, sched, reads).items()
              if e in index for d in deps if d in index]
     if all(index[d] < index[e] for d, e in edges):
         return replay
@@ -269,6 +269,12 @@ def event_key(kind, tensor):
     """The name of the value event ``kind`` makes of ``tensor``: the tensor itself for an
     op, ``"copy@t"``, ``"swap_out@t"`` or ``"swap_in@t"`` otherwise."""
     return tensor if kind == "op" else f"{kind}@{tensor}"
+
+
+def key_parts(key):
+    """``(kind, tensor)`` of a value key made by :func:`event_key`."""
+    kind, _, tensor = key.rpartition("@")
+    return kind or "op", tensor
 
 
 def event_outputs(view, kind, name):
@@ -306,17 +312,17 @@ def event_reads(view, sched, decisions):
     return reads
 
 
-def _event_dependencies(view, sched, decisions):
-    """``{event: events it waits for}``, as the rewrite wires them: data reads, control
-    inputs, deferrals, the triggers of copies and swap-ins, and fences."""
+def _event_dependencies(view, sched, reads):
+    """``{event: events it waits for}``, as the rewrite wires them: data reads
+    (:func:`event_reads`), control inputs, deferrals, the triggers of copies and
+    swap-ins, and fences."""
     def producer(key):
-        kind, _, tensor = key.rpartition("@")
+        kind, tensor = key_parts(key)
         if kind in ("swap_out", "swap_in"):
             return (kind, tensor)
-        return (kind or "op", view.tensors[tensor].op)
+        return (kind, view.tensors[tensor].op)
 
-    deps = {event: {producer(key) for key in keys}
-            for event, keys in event_reads(view, sched, decisions).items()}
+    deps = {event: {producer(key) for key in keys} for event, keys in reads.items()}
     for name in view.forward + view.backward:
         deps[("op", name)].update(("op", c) for c in view.ops[name].control_inputs)
     for name, triggers in sched.deferred:

@@ -3,19 +3,20 @@
 The replay is :func:`ome.schedule.events`: each backward op as soon as it is ready, each
 swap-in and recompute group right after the op its triggers end with, and never an event
 before one the rewrite makes it wait for. A tensor's buffer is allocated when its op runs
-and freed when its last reader in the replay has run, the way TensorFlow's executor frees by reference count. Views of a
-buffer (``Identity``, ``Reshape``...) share it; element-wise ops reuse an input buffer that
-they are the last reader of, as TensorFlow's kernels do. Memory held across steps
-(variables, feeds, constants) is not counted: ``static_bytes`` callers add it. ``ys``
-stay to the end, and so do the gradients unless the cost model says each is freed by its
-variable update (``CostModel.gradient_lifetime``), which runs after as many backward ops
-as the profile saw run first (``CostModel.update_delays``); an update of a variable whose
-value a backward op has still to read writes a new buffer (copy-on-write), and the old
-one stays until that read. An update the profile saw copy its variable for a kernel
-running beside it (``CostModel.update_copies``) holds the copy while it runs. A held
-gradient (``Schedule.holds``) starts its update's delay only once the ops it waits for
-have run, and its update copies nothing. A cost model with measured scratch
-memory (``ome.profile``) adds each kernel's scratch bytes while it runs. It is a prediction for planning;
+and freed when its last reader in the replay has run, the way TensorFlow's executor frees
+by reference count. Views of a buffer (``Identity``, ``Reshape``...) share it;
+element-wise ops reuse an input buffer that they are the last reader of, as TensorFlow's
+kernels do. Memory held across steps (variables, feeds, constants) is not counted:
+``static_bytes`` callers add it. ``ys`` stay to the end, and so do the gradients unless
+the cost model says each is freed by its variable update
+(``CostModel.gradient_lifetime``), which runs after as many backward ops as the profile
+saw run first (``CostModel.update_delays``); an update of a variable whose value a
+backward op has still to read writes a new buffer (copy-on-write), and the old one stays
+until that read. An update the profile saw copy its variable for a kernel running beside
+it (``CostModel.update_copies``) holds the copy while it runs. A held gradient
+(``Schedule.holds``) starts its update's delay only once the ops it waits for have run,
+and its update copies nothing. A cost model with measured scratch memory (``ome.profile``)
+adds each kernel's scratch bytes while it runs. It is a prediction for planning;
 ``ome.measure`` is the judge.
 """
 import heapq
@@ -24,7 +25,6 @@ from typing import Dict
 
 from ome import schedule as schedule_mod
 from ome.costs import STATIC
-from ome.schedule import Decision
 
 # Outputs that are views of their first input's buffer.
 ALIAS_OPS = frozenset({"Identity", "StopGradient", "Reshape", "Squeeze", "ExpandDims",
@@ -77,8 +77,8 @@ def simulate(view, plan, model=STATIC):
     :class:`Prediction`."""
     sched = plan.schedule
     decisions = plan.decisions()
-    events = schedule_mod.events(view, sched, decisions)
     reads = schedule_mod.event_reads(view, sched, decisions)
+    events = schedule_mod.events(view, sched, reads)
     remaining: Dict[str, int] = {}
     for event in events:  # only reads that run: a pruned op frees nothing it would read
         for key in reads.get(event, ()):
@@ -101,7 +101,7 @@ def simulate(view, plan, model=STATIC):
     for index, (kind, name) in enumerate(events):
         inputs = reads.get((kind, name), [])
         for key in schedule_mod.event_outputs(view, kind, name):
-            tensor = key.split("@", 1)[-1]
+            tensor = schedule_mod.key_parts(key)[1]
             info = view.tensors[tensor]
             size = 0 if info.persistent or not info.bytes else info.bytes
             source = _view_source(view, kind, name, inputs)
@@ -157,7 +157,8 @@ def simulate(view, plan, model=STATIC):
         for x in [x for x, (_, waiting) in copies.items()
                   if all(buffers[owner[r]].readers <= 0 for r in waiting)]:
             live -= copies.pop(x)[0]  # the old value's last read has run
-        for key in schedule_mod.event_outputs(view, kind, name):  # nothing reads it: freed at once
+        # what nothing reads is freed at once
+        for key in schedule_mod.event_outputs(view, kind, name):
             buffer = buffers.get(owner.get(key))
             if buffer is not None and buffer.readers <= 0 and not buffer.pinned:
                 live -= buffer.size

@@ -162,7 +162,8 @@ def test_skip_connection_keeps_the_skip_and_rebuilds_the_branch():
     plan = select.recompute_plan(view, ["a:0"], "test")
     assert plan.decision("a:0") == Decision.KEEP
     assert plan.decision("b:0") == plan.decision("c:0") == Decision.RECOMPUTE
-    events = schedule.events(view, plan.schedule, plan.decisions())
+    reads = schedule.event_reads(view, plan.schedule, plan.decisions())
+    events = schedule.events(view, plan.schedule, reads)
     assert events.index(("op", "y")) < events.index(("copy", "b")) < \
         events.index(("copy", "c")) < events.index(("op", "g_c"))
     assert simulate.simulate(view, plan).device_peak == \
