@@ -525,5 +525,6 @@ def _log(chosen, info, seconds):
         log.warning("checkpoints=%r changes nothing in this graph (no saved tensor can be "
                     "recomputed or swapped): this is plain tf.gradients", chosen.policy)
     log.info("ome.gradients: %s; %d ops copied in %d groups, %d reads re-pointed, %d ops "
-             "added to tf.gradients' %d, %.3f s", chosen.policy, info.copied_ops,
-             info.groups, info.rerouted, info.added_ops, info.backward_ops, seconds)
+             "made to wait for the planned order, %d ops added to tf.gradients' %d, %.3f s",
+             chosen.policy, info.copied_ops, info.groups, info.rerouted, info.ordered,
+             info.added_ops, info.backward_ops, seconds)

@@ -2,19 +2,22 @@
 
 ``build_backward`` is ``tf.gradients`` itself. ``apply`` then adds, exactly as
 ``plan.schedule`` lists them, the swap-outs and swap-ins and the copies of recomputed ops,
-re-points each backward read of a recomputed or swapped tensor at its copy, and makes the
-held gradients (identities that wait for their variables' last reads). The
-backward ops are ``tf.gradients``' own, so gradients (and ``None`` where there is none)
-are the same as ``tf.gradients``'. Every name the schedule uses is checked before the
-first op is added. TensorFlow's private APIs are reached through ``ome.tfprivate``.
+re-points each backward read of a recomputed or swapped tensor at its copy, makes the
+held gradients (identities that wait for their variables' last reads), and chains the
+backward ops, copies and swap-ins in the order the simulator replays
+(:func:`ome.schedule.enforced_order`). The backward ops are ``tf.gradients``' own, so
+gradients (and ``None`` where there is none) are the same as ``tf.gradients``'. Every
+name the schedule uses is checked before the first op is added. TensorFlow's private APIs are reached through ``ome.tfprivate``.
 """
 import logging
 from dataclasses import dataclass, field
 from typing import Dict, List
 
+import networkx as nx
 import tensorflow as tf
 
 from ome import errors, host, tfprivate
+from ome import schedule as schedule_mod
 from ome.schedule import Decision
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,7 @@ class RewriteInfo:
     copied_ops: int = 0
     swapped: List[str] = field(default_factory=list)
     rerouted: int = 0
+    ordered: int = 0  # ops made to wait for the one before them in the enforced order
     added_ops: int = 0  # ops added besides tf.gradients' own
     backward_ops: int = 0
     held: Dict[str, tf.Tensor] = field(default_factory=dict)  # gradient name -> what to return
@@ -152,8 +156,69 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
                 _wait_for(ops[s.fence], [swapped_out[s.tensor]])
         for reader, triggers in sched.deferred:
             _wait_for(ops[reader], [ops[t] for t in triggers])
+    with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("order"):
+        info.ordered = _enforce_order(graph, view, plan, copies, swapped_in)
     info.added_ops = len(graph.get_operations()) - before
     return info
+
+
+def _enforce_order(graph, view, plan, copies, swapped_in):
+    """Make each event of :func:`ome.schedule.enforced_order` wait for the one before it,
+    unless it reads it already; returns how many were made to wait. An op waits through
+    an identity of its first input that can wait (:func:`_gated`), a swap-in (ome's own
+    op) through a control input."""
+    sched = plan.schedule
+    reads = schedule_mod.event_reads(view, sched, plan.decisions())
+
+    def real(kind, name):
+        if kind == "op":
+            return graph.get_operation_by_name(name)
+        if kind == "copy":
+            return copies[view.ops[name].outputs[0]].op
+        return swapped_in[name].op
+
+    chain = _respecting_dependencies(
+        graph, [real(*event) for event in schedule_mod.enforced_order(view, sched, reads)])
+    swap_ins = {t.op for t in swapped_in.values()}
+    waited = 0
+    for before, op in zip(chain, chain[1:]):
+        if before in op.control_inputs or any(t.op is before for t in op.inputs):
+            continue
+        if op in swap_ins:
+            tfprivate.add_control_inputs(op, [before])
+        else:
+            i = next(i for i, t in enumerate(op.inputs) if _can_wait(t))
+            tfprivate.update_input(op, i, _gated(op.inputs[i], [before], op.name))
+        waited += 1
+    return waited
+
+
+def _can_wait(tensor):
+    """:func:`ome.schedule.can_wait` for a real tensor."""
+    return tensor.dtype not in (tf.resource, tf.variant) and \
+        not tfprivate.is_ref_dtype(tensor.dtype)
+
+
+def _respecting_dependencies(graph, chain):
+    """``chain``, or where it lists an op before one it depends on in ``graph`` (an edge
+    the captured view does not know), the earliest order that respects the graph, ties in
+    ``chain``'s order; logged, since the simulator replays the planned order. So the
+    chain can never close a cycle."""
+    position = {op.name: i for i, op in enumerate(chain)}
+    deps = nx.DiGraph()
+    for op in graph.get_operations():
+        deps.add_node(op.name)
+        deps.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        deps.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    ordered = [name for name in nx.lexicographical_topological_sort(
+        deps, key=lambda name: position.get(name, -1)) if name in position]
+    moved = sum(position[name] != i for i, name in enumerate(ordered))
+    if not moved:
+        return chain
+    log.warning("ome: %d of the %d ops of the planned order moved to respect the graph's "
+                "dependencies; the simulator replays the planned order", moved, len(chain))
+    by_name = {op.name: op for op in chain}
+    return [by_name[name] for name in ordered]
 
 
 def _wait_for(op, waited):

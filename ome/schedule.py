@@ -265,6 +265,40 @@ def events(view, sched, reads):
     return list(nx.lexicographical_topological_sort(graph, key=index.__getitem__))
 
 
+# Gradient sums Grappler's arithmetic optimizer regroups across their addends'
+# producers: a wait on an addend would change the summation order, and the sum's last bits.
+UNCHAINED_SUMS = frozenset({"AddN", "Add", "AddV2"})
+
+
+def enforced_order(view, sched, reads):
+    """The events the rewrite chains one after the next, so that TensorFlow's executor runs
+    them in the simulator's order (its threads would otherwise run independent branches
+    of backprop at once, each holding its tensors): from :func:`events`, the copies, the
+    swap-ins and the main backward ops (:attr:`GraphView.main`). Left unchained: ops in
+    TF1 loops and conds (an edge into their frame is invalid), ops with no input that can
+    wait (only resource or reference inputs), backward ops off the gradient flow (shapes,
+    constants, ``2 * x``: a wait would keep Grappler from folding them) and the gradient
+    sums (:data:`UNCHAINED_SUMS`); they run when their inputs are ready, as replayed.
+    ``reads``: :func:`event_reads` for the same schedule."""
+    def chained(kind, name):
+        if kind in ("swap_in", "swap_out"):
+            return kind == "swap_in"
+        op = view.ops[name]
+        if kind == "op" and (name not in view.main or not op.reroutable
+                             or op.type in UNCHAINED_SUMS):
+            return False
+        return any(can_wait(view, t) for t in op.inputs)
+
+    return [event for event in events(view, sched, reads) if chained(*event)]
+
+
+def can_wait(view, tensor):
+    """Whether an op can be made to wait through ``tensor`` (an identity of it): not a
+    resource, variant or reference."""
+    dtype = view.tensors[tensor].dtype
+    return dtype not in ("resource", "variant") and not dtype.endswith("_ref")
+
+
 def event_key(kind, tensor):
     """The name of the value event ``kind`` makes of ``tensor``: the tensor itself for an
     op, ``"copy@t"``, ``"swap_out@t"`` or ``"swap_in@t"`` otherwise."""

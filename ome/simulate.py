@@ -2,9 +2,11 @@
 
 The replay is :func:`ome.schedule.events`: each backward op as soon as it is ready, each
 swap-in and recompute group right after the op its triggers end with, and never an event
-before one the rewrite makes it wait for. A tensor's buffer is allocated when its op runs
-and freed when its last reader in the replay has run, the way TensorFlow's executor frees
-by reference count. Views of a buffer (``Identity``, ``Reshape``...) share it;
+before one the rewrite makes it wait for; for a plan that changes anything, the rewrite
+chains the backward ops, copies and swap-ins in this order
+(:func:`ome.schedule.enforced_order`), so TensorFlow's executor runs them as replayed. A
+tensor's buffer is allocated when its op runs and freed when its last reader in the
+replay has run, the way TensorFlow's executor frees by reference count. Views of a buffer (``Identity``, ``Reshape``...) share it;
 element-wise ops reuse an input buffer that they are the last reader of, as TensorFlow's
 kernels do. Memory held across steps (variables, feeds, constants) is not counted:
 ``static_bytes`` callers add it. ``ys`` stay to the end, and so do the gradients unless

@@ -202,6 +202,39 @@ def test_recomputed_groups_wait_for_the_weight_gradients_replayed_before_them(gr
     assert_same(got, want)
 
 
+def test_the_rewrite_runs_backprop_in_the_order_the_simulator_replays(graph):
+    """Each layer's two gradient MatMuls (the input's and the weight's) are independent,
+    and TensorFlow's executor runs such ops at once on its threads, each holding its
+    tensors. Once ome rewrites the pass, every gradient-flow op waits for the one the
+    simulator replays before it: they form one chain. tf.gradients leaves them free."""
+    import networkx as nx
+
+    case = graphs.mlp(layers=4, width=64, batch=8)
+    want = tf.gradients(case.ys, case.xs)
+    grads, (plan, info) = ome.gradients(case.ys, case.xs, checkpoints=case.interior,
+                                        name="ours", return_info=True)
+    assert plan.recomputed and info.ordered > 0
+    deps = nx.DiGraph()
+    for op in graph.get_operations():
+        deps.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        deps.add_edges_from((c.name, op.name) for c in op.control_inputs)
+
+    def matmuls(scope):
+        return [op.name for op in graph.get_operations()
+                if op.type == "MatMul" and op.name.startswith(scope + "/")
+                and "_grad/" in op.name and "/ome/" not in op.name]
+
+    def unordered(names):
+        return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+                if not nx.has_path(deps, a, b) and not nx.has_path(deps, b, a)]
+
+    ours, plain = matmuls("ours"), matmuls("gradients")
+    assert len(ours) == len(plain) == 8
+    assert unordered(plain) and not unordered(ours)
+    got, expected = run_both(case, grads)
+    assert_same(got, expected)
+
+
 def test_recomputed_cubes_keep_graphs_optimized_by_grappler(graph):
     """Grappler turns ``Pow(x, 3)`` into ``x * Square(x)`` by copying the node's inputs and
     dropping the last one; were that a control input, the graph would break and TensorFlow

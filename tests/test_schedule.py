@@ -143,11 +143,7 @@ def test_diamond_copies_the_shared_input_once():
     assert len(set(plan.schedule.copied_ops)) == 3, "each op is copied once"
 
 
-def test_skip_connection_keeps_the_skip_and_rebuilds_the_branch():
-    """The skip is kept; the branch is rebuilt, and replayed as TensorFlow will run it:
-    its copies wait for the ys' producer (backprop here starts from a constant, so no
-    backward op waits for the forward pass) and come before the gradients reading them.
-    On a graph this short it costs 1 MiB: everything recomputed is rebuilt at once."""
+def skip_connection():
     forward = [("x", "Placeholder", [], 1), ("a", "Tanh", ["x:0"], 1),
                ("b", "Tanh", ["a:0"], 1), ("c", "Tanh", ["b:0"], 1),
                ("s", "AddV2", ["a:0", "c:0"], 1), ("d", "Tanh", ["s:0"], 1),
@@ -157,8 +153,16 @@ def test_skip_connection_keeps_the_skip_and_rebuilds_the_branch():
                 ("g_b", "TanhGrad", ["b:0", "g_c:0"], 1),
                 ("g_a0", "TanhGrad", ["a:0", "g_b:0"], 1),
                 ("g_a", "AddN", ["g_a0:0", "g_d:0"], 1)]
-    view = build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=["g_a:0"],
+    return build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=["g_a:0"],
                       persistent=["x:0"])
+
+
+def test_skip_connection_keeps_the_skip_and_rebuilds_the_branch():
+    """The skip is kept; the branch is rebuilt, and replayed as TensorFlow will run it:
+    its copies wait for the ys' producer (backprop here starts from a constant, so no
+    backward op waits for the forward pass) and come before the gradients reading them.
+    On a graph this short it costs 1 MiB: everything recomputed is rebuilt at once."""
+    view = skip_connection()
     plan = select.recompute_plan(view, ["a:0"], "test")
     assert plan.decision("a:0") == Decision.KEEP
     assert plan.decision("b:0") == plan.decision("c:0") == Decision.RECOMPUTE
@@ -168,6 +172,20 @@ def test_skip_connection_keeps_the_skip_and_rebuilds_the_branch():
         events.index(("copy", "c")) < events.index(("op", "g_c"))
     assert simulate.simulate(view, plan).device_peak == \
         simulate.simulate(view, plan_of(view, {})).device_peak + MiB
+
+
+def test_the_enforced_order_chains_the_gradient_flow_and_copies_as_replayed():
+    """The rewrite chains these events, so the executor runs them as the simulator
+    replays. Not chained: the seed (off the gradient flow: nothing it waits for) and the
+    gradient sum (Grappler regroups sums across their addends)."""
+    view = skip_connection()
+    plan = select.recompute_plan(view, ["a:0"], "test")
+    reads = schedule.event_reads(view, plan.schedule, plan.decisions())
+    chained = schedule.enforced_order(view, plan.schedule, reads)
+    assert chained == [("copy", "b"), ("copy", "c"), ("copy", "s"), ("copy", "d"),
+                       ("op", "g_d"), ("op", "g_c"), ("op", "g_b"), ("op", "g_a0")]
+    events = schedule.events(view, plan.schedule, reads)
+    assert sorted(chained, key=events.index) == chained
 
 
 def test_bad_decisions_are_refused_with_the_reason():
