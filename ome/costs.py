@@ -48,6 +48,10 @@ class CostModel:
     while it ran: an update writing a variable that a kernel running at the same time
     still reads copies it first (copy-on-write), and the old value lives until that read
     ends. ``ome.profile`` measures all four from the profiled step.
+    ``plain_resident_extra``: bytes more than ``resident_bytes`` that stay allocated after
+    a plain step (a plan that changes nothing builds plain ``tf.gradients``). Its updates
+    run in the executor's order and may copy a variable into a chunk up to twice its
+    size; a rewritten step runs its backward ops in the planned order and copies none.
     """
 
     bandwidth: float = 12e9
@@ -62,6 +66,7 @@ class CostModel:
     gradient_lifetime: str = "step"
     update_delays: Dict[str, int] = field(default_factory=dict)
     update_copies: Dict[str, int] = field(default_factory=dict)
+    plain_resident_extra: int = 0
 
     def __post_init__(self):
         if self.gradient_lifetime not in GRADIENT_LIFETIMES:
@@ -122,7 +127,8 @@ class CostModel:
 
     def __str__(self):
         resident = "variables" if self.resident_bytes is None else \
-            f"{self.resident_bytes / 2**20:.1f} MiB"
+            f"{self.resident_bytes / 2**20:.1f} MiB (+{self.plain_resident_extra / 2**20:.1f} " \
+            "after a plain step)"
         return (f"CostModel({self.source}: {self.bandwidth / 1e9:.2f} GB/s host link, "
                 f"{len(self.op_seconds)} op times, {len(self.temporaries)} ops with scratch "
                 f"memory ({sum(self.temporaries.values()) / 2**20:.1f} MiB in all), "

@@ -41,7 +41,8 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     -------
     CostModel
         ``op_seconds``, ``temporaries`` (scratch bytes by op name), ``resident_bytes``
-        (allocated between steps, the most after any of them), ``output_bytes`` (the
+        (allocated between steps, the least after any of them; ``plain_resident_extra``
+        the most less the least), ``output_bytes`` (the
         bytes each output asked for), ``chunk_overhead`` (the bytes the allocator gave
         the outputs over the bytes they asked for, each output's median of the steps)
         and ``bandwidth``; ``source`` names the device.
@@ -59,7 +60,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     asked, given = {}, collections.defaultdict(list)
     updates = _gradient_updates(session.graph, fetches)
     delays = collections.defaultdict(list)
-    resident = 0
+    resident = []
     for _ in range(steps):
         metadata = tf.compat.v1.RunMetadata()
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
@@ -74,9 +75,10 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         if updates is not None:
             for producer, delay in _update_delays(metadata, updates).items():
                 delays[producer].append(delay)
-        # what stays allocated varies from step to step (a variable copied by its update
-        # moves to whatever free chunk the allocator hands out): the most of the steps
-        resident = max(resident, _memory_stats(stats_device)["current"])
+        # what stays allocated varies from step to step: an update that copies its variable
+        # (a kernel beside it still reads the old value) may get a chunk up to twice its
+        # size. A rewritten step runs its backward ops in order and copies nothing
+        resident.append(_memory_stats(stats_device)["current"])
     if not seconds:
         raise InvalidArgumentError(
             f"the traced step ran no op on {stats_device}; pass device= the step runs on")
@@ -93,7 +95,8 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         op_seconds={node: statistics.median(times) for node, times in seconds.items()},
         temporaries={node: size for node, size in scratch.items()
                      if size >= MIN_SCRATCH_BYTES},
-        resident_bytes=int(resident), output_bytes=asked,
+        resident_bytes=min(resident), plain_resident_extra=max(resident) - min(resident),
+        output_bytes=asked,
         chunk_overhead=_chunk_overhead(asked, given),
         source=f"profiled on {stats_device}, median of {steps} traced steps", **extra)
 

@@ -18,8 +18,10 @@ until that read. An update the profile saw copy its variable for a kernel runnin
 it (``CostModel.update_copies``) holds the copy while it runs. A held gradient
 (``Schedule.holds``) starts its update's delay only once the ops it waits for have run,
 and its update copies nothing. A cost model with measured scratch memory (``ome.profile``)
-adds each kernel's scratch bytes while it runs. It is a prediction for planning;
-``ome.measure`` is the judge.
+adds each kernel's scratch bytes while it runs, and a plan that changes nothing (plain
+``tf.gradients``, run in the executor's order) the bytes its updates leave allocated
+beyond a rewritten step's (``CostModel.plain_resident_extra``). It is a prediction for
+planning; ``ome.measure`` is the judge.
 """
 import heapq
 from dataclasses import dataclass
@@ -167,6 +169,8 @@ def simulate(view, plan, model=STATIC):
                 buffer.size = 0
     flops = sum(view.ops[op].cost for op in sched.copied_ops)
     swap_bytes = sum(view.tensors[s.tensor].bytes or 0 for s in sched.swaps)
+    if sched.is_empty():
+        peak += model.plain_resident_extra
     return Prediction(device_peak=peak, host_peak=host, recompute_flops=flops,
                       swap_bytes=swap_bytes, peak_at=peak_at)
 

@@ -27,7 +27,7 @@ def test_profile_measures_op_times_scratch_and_resident_memory(graph):
                if op.type == "MatMul" and not op.name.startswith("gradients")]
     assert matmuls and all(costs.op_seconds[name] > 0 for name in matmuls)
     weights = sum(4 * 512 * 512 for _ in case.xs)
-    assert costs.resident_bytes >= weights
+    assert costs.resident_bytes >= weights and costs.plain_resident_extra >= 0
     assert all(size >= 64 * 1024 for size in costs.temporaries.values())
     assert ome.CostModel.from_json(costs.to_json()) == costs
 

@@ -259,6 +259,22 @@ def test_measured_scratch_memory_counts_while_its_op_runs_and_its_copies_run():
     assert CostModel.from_json(model.to_json()) == model
 
 
+def test_only_plain_backprop_leaves_its_updates_extra_resident_bytes():
+    """Plain tf.gradients runs its updates in the executor's order, which may leave
+    variables in larger chunks; a rewritten step runs in the planned order and does not."""
+    view = chain()
+    plain, recomputed = plan_of(view, {}), plan_of(view, {"b:0": Decision.RECOMPUTE})
+    assert plain.changes_nothing() and not recomputed.changes_nothing()
+    model = CostModel(plain_resident_extra=3 * MiB)
+    assert simulate.simulate(view, plain, model).device_peak == \
+        simulate.simulate(view, plain).device_peak + 3 * MiB
+    assert simulate.simulate(view, recomputed, model).device_peak == \
+        simulate.simulate(view, recomputed).device_peak
+    assert CostModel.from_json(model.to_json()) == model
+    assert "+3.0 after a plain step" in str(CostModel(resident_bytes=MiB,
+                                                      plain_resident_extra=3 * MiB))
+
+
 def test_gradients_freed_by_their_updates_leave_the_peak():
     # Two 1 MiB weight gradients, one made while the other exists: held to the end of the
     # step, the first is live while the second is built; freed by its update at once, it
