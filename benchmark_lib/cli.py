@@ -14,7 +14,7 @@ __all__ = ["make_parser", "main"]
 _DESCRIPTION = """\
 Measure every gradient strategy on every model: peak memory, step time, largest batch.
 
-    python benchmark.py                       # the sweep: all strategies x 4 models
+    python benchmark.py                       # the sweep: ResNet-18/50, InceptionV4
     python benchmark.py --models resnet18,resnet50 --strategies vanilla,ome --steps 5
     python benchmark.py --preset thesis       # 224x224, batch 32 and 128, every model
     python benchmark.py --max-batch --model resnet50 --budget 2GiB
@@ -89,8 +89,9 @@ def make_parser(modes):
                         f"thesis: all)")
     p.add_argument("--model", help="one model (same as --models NAME); needed by --max-batch")
     p.add_argument("--strategies", type=_comma_list,
-                   help="comma list of strategies (default: all but aliases, which repeat "
-                        "another strategy, and ome-budget, which needs --budget)")
+                   help=f"comma list of strategies (default: all but aliases, which repeat "
+                        f"another strategy, and ome-budget, which needs --budget; the quick "
+                        f"preset also leaves out {', '.join(quick.skipped)})")
     p.add_argument("--batch-size", type=_positive_ints,
                    help=f"comma list of batch sizes (default {quick.batch_sizes[0]}; thesis: "
                         f"{','.join(map(str, thesis.batch_sizes))}); with --max-batch the batch "

@@ -27,6 +27,7 @@ class Preset:
 
     name: str
     models: Optional[Tuple[str, ...]]  # None: every model
+    skipped: Tuple[str, ...]  # strategies left out unless --strategies names them
     image_size: int
     batch_sizes: Tuple[int, ...]
     steps: int
@@ -35,14 +36,18 @@ class Preset:
     out: str
 
 
-#: The default sweep: two ResNet depths and InceptionV4, about 9 min on 2 cores (ResNet-101
-#: made it 14). Batch 16 at 112x112 makes activations, not weights, most of the memory (at
-#: batch 4, 64x64 weights are 85-95% of max_mem and the strategies cannot be told apart).
-#: Three jobs: memory runs do not need the cores alone, only the rounds timing steps do.
-QUICK = Preset("quick", ("resnet18", "resnet50", "inception_v4"), 112, (16,),
-               TRUSTED_STEPS, 600.0, 3, "results")
-#: The thesis's setting: 224x224, batch 32 and 128, every model, one worker at a time.
-THESIS = Preset("thesis", None, 224, (32, 128), TRUSTED_STEPS, 3600.0, 1, "results/thesis")
+#: The default sweep: two ResNet depths and InceptionV4, every strategy but Grappler's three
+#: modes, which measured within their spread of plain TensorFlow in every sweep (docs/RESULTS.md)
+#: and made the sweep 12.4 min on a slow machine; ResNet-101 made it 14. Batch 16 at 112x112
+#: makes activations, not weights, most of the memory (at batch 4, 64x64 weights are 85-95%
+#: of max_mem and the strategies cannot be told apart). Three jobs: memory runs do not need
+#: the cores alone, only the rounds timing steps do.
+QUICK = Preset("quick", ("resnet18", "resnet50", "inception_v4"),
+               ("grappler-recompute", "grappler-swap", "grappler-heuristics"),
+               112, (16,), TRUSTED_STEPS, 600.0, 3, "results")
+#: The thesis's setting: 224x224, batch 32 and 128, every model and strategy, one worker at a
+#: time.
+THESIS = Preset("thesis", None, (), 224, (32, 128), TRUSTED_STEPS, 3600.0, 1, "results/thesis")
 PRESETS = {p.name: p for p in (QUICK, THESIS)}
 
 
@@ -148,7 +153,7 @@ def from_args(args, mode, *, out=None, batch_sizes=None, jobs=None, models=None,
         preset = dataclasses.replace(preset, models=tuple(models))
     models, named = _models(args, preset)
     budget = _budget(args.budget)
-    strategies = _strategies(args.strategies or strategies, budget)
+    strategies = _strategies(args.strategies or strategies, budget, preset.skipped)
     image_sizes, notes = _image_sizes(args.image_size or image_size or preset.image_size,
                                       models, named and args.image_size is not None)
     steps = args.steps or preset.steps
@@ -198,8 +203,9 @@ def _budget(text):
         raise ConfigError(f"--budget: {exc}") from None
 
 
-def _strategies(names, budget):
-    strategies = list(dict.fromkeys(names or catalog.default_strategies(budget is not None)))
+def _strategies(names, budget, skipped):
+    strategies = list(dict.fromkeys(names or [
+        s for s in catalog.default_strategies(budget is not None) if s not in skipped]))
     unknown = [s for s in strategies if s not in catalog.STRATEGIES]
     if unknown:
         raise ConfigError(f"unknown strategy(ies) {', '.join(unknown)}; valid strategies: "

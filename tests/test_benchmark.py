@@ -539,6 +539,11 @@ def test_defaults_and_image_sizes_raised_for_models_not_named(tmp_path):
     assert default.image_sizes == dict.fromkeys(default.models, 112)
     assert default.batch_sizes == (16,) and default.jobs == 3 and default.steps == 5
     assert default.strategies[0] == "vanilla" and "ome-budget" not in default.strategies
+    assert "grappler-swap" not in default.strategies and "lms" in default.strategies
+    budget = config.from_args(_parse(["--budget", "1GiB"]), "sweep")
+    assert "ome-budget" in budget.strategies and "grappler-swap" not in budget.strategies
+    named = config.from_args(_parse(["--strategies", "vanilla,grappler-swap"]), "sweep")
+    assert named.strategies == ("vanilla", "grappler-swap")
     assert default.existing == "refuse" and default.out == "results"
     small = config.from_args(_parse(["--image-size", "32", "--steps", "2"]), "sweep")
     assert small.image_sizes["resnet18"] == 32 and small.image_sizes["inception_v4"] == 75
@@ -548,6 +553,7 @@ def test_defaults_and_image_sizes_raised_for_models_not_named(tmp_path):
     assert len(thesis.models) == 7 and thesis.batch_sizes == (32, 128)
     assert thesis.jobs == 1 and thesis.out == "results/thesis" and thesis.existing == "resume"
     assert thesis.settings()["image_size"] == 224
+    assert "grappler-swap" in thesis.strategies
 
 
 def test_every_mode_has_a_flag_or_is_the_default():
