@@ -29,7 +29,7 @@ import tensorflow as tf
 
 import ome
 from ome import errors, host, simulate
-from ome.planner import parse_bytes
+from ome.sizes import parse_bytes
 from ome.plans import make_plan, with_estimates
 from ome.schedule import Decision, forced_keep
 

@@ -1,46 +1,10 @@
-"""Sizes, durations and one-line text: parsing and formatting shared by the benchmark."""
-import math
+"""Sizes, durations and one-line text: formatting shared by the benchmark (sizes are parsed
+by :func:`ome.sizes.parse_bytes`, the parser ome itself uses)."""
 import re
 
-__all__ = ["MiB", "parse_bytes", "format_mib", "format_duration", "format_percent", "one_line",
-           "plural"]
+__all__ = ["MiB", "format_mib", "format_duration", "format_percent", "one_line", "plural"]
 
 MiB = 2**20
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text):
-    """Parse a memory size: plain bytes (``"1048576"``) or a number with a unit.
-
-    Decimal units ``KB MB GB TB`` are powers of 1000, binary units ``KiB MiB GiB TiB`` powers
-    of 1024 (case-insensitive). Fractions need a unit and are rounded down to whole bytes.
-
-    >>> parse_bytes("1.5GB"), parse_bytes("512MiB"), parse_bytes("2048")
-    (1500000000, 536870912, 2048)
-
-    Raises ``ValueError`` naming the accepted forms when ``text`` is not a positive size.
-    """
-    match = _BYTES_RE.match(str(text))
-    hint = ("give bytes (e.g. 1073741824) or a number with a unit: "
-            "KB, MB, GB, TB, KiB, MiB, GiB, TiB")
-    if not match:
-        raise ValueError(f"cannot parse memory size {text!r}; {hint}")
-    number, unit = match.groups()
-    unit = unit.lower()
-    if unit not in _UNITS:
-        raise ValueError(f"unknown unit {match.group(2)!r} in {text!r}; {hint}")
-    if unit in ("", "b") and "." in number:
-        raise ValueError(f"{text!r} is a fraction of a byte; {hint}")
-    value = math.floor(float(number) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"memory size {text!r} must be positive")
-    return int(value)
 
 
 def format_mib(nbytes, digits=1):

@@ -5,24 +5,47 @@
     costs = ome.profile(sess, train_op, feed)       # measured op times and scratch memory
     with ome.GradientTape() as tape: ...            # inside tf.function
     model = ome.keras.wrap(model)                   # Keras 3 model.fit (imports keras)
+
+Names are imported on first use, so the planning modules (``ome.plans``, ``ome.schedule``,
+``ome.simulate``, ``ome.optimal``, ``ome.planner``, ``ome.sizes``) import without TensorFlow.
 """
 import importlib
+import importlib.util
+import sys
+import types
 
 from ome import errors
-from ome.costs import CostModel
-from ome.gradients import apply_plan, capture_view, gradients, plan
-from ome.patch import patch
-from ome.plans import Decision, Plan, explain
-from ome.profile import profile
-from ome.tape import GradientTape
 
-__all__ = ["errors", "apply_plan", "capture_view", "gradients", "patch", "plan", "profile",
-           "CostModel", "Decision", "Plan", "explain", "GradientTape", "keras", "pipeline"]
+#: Public name -> the module of ome that defines it.
+_EXPORTS = {
+    "apply_plan": "gradients", "capture_view": "gradients", "gradients": "gradients",
+    "plan": "gradients", "patch": "patch", "profile": "profile", "GradientTape": "tape",
+    "CostModel": "costs", "Decision": "plans", "Plan": "plans", "explain": "plans",
+}
+
+__all__ = ["errors", *_EXPORTS, "keras", "pipeline"]
+
+
+class _Package(types.ModuleType):
+    """ome's module object. Importing a submodule sets it as an attribute of its package;
+    where a function has the submodule's name (``ome.gradients``, ``ome.profile``,
+    ``ome.patch``), the function stays the attribute."""
+
+    def __setattr__(self, name, value):
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
 
 
 def __getattr__(name):
-    """``ome.keras`` and ``ome.pipeline`` are imported on first use (``import ome`` does
-    not import Keras)."""
-    if name in ("keras", "pipeline"):
+    """Public names and submodules (``ome.keras``, ``ome.host``, ...), imported on first use."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"ome.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"ome.{name}") is not None:
         return importlib.import_module(f"ome.{name}")
     raise AttributeError(f"module 'ome' has no attribute {name!r}")
+
+
+sys.modules[__name__].__class__ = _Package

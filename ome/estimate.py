@@ -95,6 +95,7 @@ from typing import Optional
 
 from ome.breakdown import MemoryBreakdown, plot_breakdowns
 from ome.errors import InvalidArgumentError, OmeError
+from ome.sizes import parse_bytes
 
 __all__ = [
     "Precision",
@@ -737,9 +738,7 @@ def main(argv=None, say=print):
         say(f"{parameter_count(config):,} parameters")
         say(str(estimate(config, label=args.model)))
         if args.device_memory:
-            from ome.planner import parse_bytes
-
-            memory = parse_bytes(args.device_memory)
+            memory = parse_bytes(args.device_memory, what="--device-memory")
             say(f"largest micro-batch in {args.device_memory}: "
                 f"{largest_batch(config, memory)}")
     except OmeError as err:

@@ -13,7 +13,8 @@ import time
 import tensorflow as tf
 
 from ome import capture as capture_mod
-from ome import errors, host, optimal, planner, plans, rewrite, select, tfprivate, transformer
+from ome import (errors, host, optimal, planner, plans, rewrite, select, sizes, tfprivate,
+                 transformer)
 from ome.costs import STATIC, CostModel
 from ome.plans import Plan, make_plan
 from ome.schedule import Decision
@@ -154,14 +155,16 @@ class _Options:
             if getattr(value, "value", value) not in select.PIN_VALUES:
                 raise errors.InvalidArgumentError(
                     f"pin value {value!r}; use one of {sorted(select.PIN_VALUES)}")
-        self.budget = None if memory_budget is None else planner.parse_bytes(memory_budget)
+        self.budget = None if memory_budget is None else \
+            sizes.parse_bytes(memory_budget, what="memory budget")
         if self.budget is not None and cost_model is None:
             log.warning("memory_budget without cost_model: planned from static estimates "
                         "(variables, no kernel scratch memory), which the allocator can "
                         "exceed; measure the step with ome.profile and pass cost_model=")
         if batch_size is not None and (isinstance(batch_size, bool) or
                                        not isinstance(batch_size, int) or batch_size < 1):
-            raise errors.InvalidArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
+            raise errors.InvalidArgumentError(
+                f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = batch_size
         if isinstance(swap_ahead, bool) or not isinstance(swap_ahead, int) or swap_ahead < 0:
             raise errors.InvalidArgumentError(f"swap_ahead must be an int >= 0, got {swap_ahead!r}")
@@ -278,8 +281,8 @@ def _held(view, plan, options, static_bytes):
     held = planner.with_predictions(view, holding, options.model, static_bytes)
     if held.estimates["device_peak"] > plan.estimates["device_peak"]:
         log.info("hold_gradients: holding predicts %s against %s; gradients not held",
-                 planner.format_bytes(held.estimates["device_peak"]),
-                 planner.format_bytes(plan.estimates["device_peak"]))
+                 sizes.format_bytes(held.estimates["device_peak"]),
+                 sizes.format_bytes(plan.estimates["device_peak"]))
         return plan
     return held
 
@@ -296,8 +299,8 @@ def _no_worse_than_plain(view, plan, model, static_bytes):
         return plan
     log.warning("checkpoints=%r: the predicted peak (%s) is not %.1f%% below plain "
                 "backprop's (%s) on this graph, so ome builds plain tf.gradients", plan.policy,
-                planner.format_bytes(plan.estimates["device_peak"]), 100 * planner.MIN_SAVING,
-                planner.format_bytes(plain.estimates["device_peak"]))
+                sizes.format_bytes(plan.estimates["device_peak"]), 100 * planner.MIN_SAVING,
+                sizes.format_bytes(plain.estimates["device_peak"]))
     return dataclasses.replace(plain, policy=f"{plan.policy} (no saving: plain)")
 
 

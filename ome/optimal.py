@@ -22,7 +22,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from ome import errors, planner, schedule, select, simulate
+from ome import errors, planner, schedule, select, simulate, sizes
 from ome.costs import STATIC
 from ome.plans import make_plan
 from ome.schedule import Decision
@@ -779,7 +779,7 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     search = _Search(_Problem(view, model, pins, host_device), time_limit)
     if limit is None:
         return search.finished(search.smallest(), None)
-    limit = planner.parse_bytes(limit, what="limit")
+    limit = sizes.parse_bytes(limit, what="limit")
     return search.finished(search.fit(limit), limit)
 
 
@@ -792,7 +792,7 @@ def frontier(view, limits, *, model=STATIC, pins=None, host_device=None,
     problem = _Problem(view, model, pins, host_device)
     points = []
     for limit in limits:
-        limit = planner.parse_bytes(limit, what="limit")
+        limit = sizes.parse_bytes(limit, what="limit")
         try:
             trial = _Search(problem, time_limit).fit(limit)
         except errors.BudgetError:
@@ -864,15 +864,15 @@ class _Search:
         """No solver plan fits ``limit``: try the smallest-peak plans, else raise
         BudgetError naming the smallest peak any plan reached."""
         log.info("optimal: no plan from HiGHS fits %s; trying the smallest-peak plans",
-                 planner.format_bytes(limit))
+                 sizes.format_bytes(limit))
         self.auto()
         if not any(t.status in _SOLVED and t.target is None for t in self.trials):
             self.solve(None)
         if not self.fitting(limit):
             smallest = min(t.peak for t in self.trials)
             error = errors.BudgetError(
-                f"cannot fit in {planner.format_bytes(limit)}; the smallest peak reached "
-                f"is {planner.format_bytes(smallest)} ({smallest} bytes, simulated)")
+                f"cannot fit in {sizes.format_bytes(limit)}; the smallest peak reached "
+                f"is {sizes.format_bytes(smallest)} ({smallest} bytes, simulated)")
             error.smallest = smallest  # for callers that add static bytes to it
             raise error
 
@@ -886,7 +886,7 @@ class _Search:
         self.solve_seconds += elapsed
         if solution is None:
             log.info("optimal: no plan for a modelled limit of %s",
-                     "(smallest)" if target is None else planner.format_bytes(target))
+                     "(smallest)" if target is None else sizes.format_bytes(target))
             return None
         return self.simulated(_plan(problem, solution.decisions), solution.status,
                               gap=solution.gap, model_peak=solution.model_peak,

@@ -7,47 +7,14 @@ to predict the device peak; measurement remains the judge.
 """
 import dataclasses
 import logging
-import re
 
 from ome import errors, optimal, simulate
 from ome.costs import STATIC
 from ome.plans import make_plan, with_estimates
 from ome.schedule import Decision, check_decision
+from ome.sizes import format_bytes, parse_bytes
 
 log = logging.getLogger(__name__)
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(value, *, what="memory budget"):
-    """Bytes from a number or a string like ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"0.5"``.
-
-    The only byte parser in ome: budgets, LMS's thresholds and the benchmark use it.
-    """
-    if isinstance(value, bool):
-        raise errors.BudgetError(f"{what} must be bytes or a string, got {value!r}")
-    if isinstance(value, (int, float)):
-        size = value
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise errors.BudgetError(
-                f"cannot parse {what} {value!r}: use bytes or a number with a unit "
-                "(KiB, MiB, GiB, KB, MB, GB)")
-        size = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if size < 1:
-        raise errors.BudgetError(f"{what} must be at least one byte, got {value!r}")
-    return int(size)
-
-
-def format_bytes(n):
-    """``n`` bytes in a unit that shows it (B, KiB, MiB, GiB)."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def added_seconds(view, plan, model):
@@ -172,7 +139,7 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     budget; ``HEADROOM`` of the rest is left free (:func:`budget_limit`). Raises
     :class:`BudgetError` naming the smallest reachable peak when nothing fits.
     """
-    budget = parse_bytes(budget)
+    budget = parse_bytes(budget, what="memory budget")
     limit = budget_limit(budget, static_bytes)
     if limit <= 0:
         raise errors.BudgetError(

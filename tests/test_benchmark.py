@@ -21,7 +21,6 @@ from benchmark_lib.config import ConfigError, RunKey
 from benchmark_lib.modes import all_modes, frontier, max_batch, simulator_check, sweep
 from benchmark_lib.pool import Pool, WorkerFailed
 from benchmark_lib.storage import COLUMNS, MaxBatchResult, ResultsFolder, Row
-from benchmark_lib.units import parse_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 2**20
@@ -41,27 +40,8 @@ def _row(strategy, model="resnet50", batch=4, status="ok", peak=200 * MiB, cost=
 
 
 # ----------------------------------------------------------------------------------------
-# Sizes and the batch search
+# The batch search
 # ----------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("1048576", 1048576), ("2GiB", 2 * 2**30), ("512MiB", 512 * MiB), ("1.5GB", 1_500_000_000),
-    ("1.5 gib", 3 * 2**29), (" 64kb ", 64_000), ("0.5KiB", 512), ("3TB", 3 * 10**12),
-    ("100B", 100),
-])
-def test_parse_bytes_accepts_bytes_and_units(text, expected):
-    assert parse_bytes(text) == expected
-
-
-@pytest.mark.parametrize("text, fragment", [
-    ("", "cannot parse"), ("lots", "cannot parse"), ("-1GiB", "cannot parse"),
-    ("1e9", "cannot parse"), ("2XB", "unknown unit"), ("GiB", "cannot parse"),
-    ("1.5", "fraction of a byte"), ("0", "must be positive"), ("0.1B", "fraction of a byte"),
-])
-def test_parse_bytes_rejects_bad_sizes_with_a_hint(text, fragment):
-    with pytest.raises(ValueError, match=fragment):
-        parse_bytes(text)
 
 
 def _counting(limit):

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors, planner
+from ome import errors
 from ome.host import session_config
 from ome.measure import measure
 from tests import graphs
@@ -88,18 +88,6 @@ def test_budget_below_reachable_names_the_minimum(graph):
                        r"plan predicts \d+.*15% of its simulated part is left free"):
         ome.gradients(case.ys, case.xs, memory_budget="5MiB")
     assert len(graph.get_operations()) == before
-
-
-@pytest.mark.parametrize("text", ["lots", "12 parsecs", "-3GiB", "", True])
-def test_unparseable_budget(text):
-    with pytest.raises(errors.BudgetError):
-        planner.parse_bytes(text)
-
-
-def test_parse_bytes():
-    assert planner.parse_bytes("2GiB") == 2 * 2 ** 30
-    assert planner.parse_bytes("1.5 GB") == 1_500_000_000
-    assert planner.parse_bytes(4096) == 4096
 
 
 def test_swap_of_a_tensor_used_only_in_the_forward_pass(graph):
