@@ -22,7 +22,10 @@ class CostModel:
     """Machine speeds and per-op measurements.
 
     ``bandwidth``: host<->device bytes/s (PCIe 3 x16 by default; measured by
-    ``ome.profile`` / ``ome.host.measure_bandwidth``). ``flops_per_s``: sustained compute,
+    ``ome.profile`` / ``ome.host.measure_bandwidth``). ``transfer_overlap``: the share of a
+    transfer's time that can run beside compute (1 by default: a GPU's copy engines; on
+    the emulated host, a memcpy taking a core, measured about 0.1 by ``ome.profile`` /
+    ``ome.host.measure_overlap``). ``flops_per_s``: sustained compute,
     used for ops without a measured time. ``op_seconds``: measured run time per op name.
     ``temporaries``: scratch bytes an op's kernel allocates and frees while it runs, by op
     name (measured; e.g. a convolution's workspace). ``resident_bytes``: bytes allocated
@@ -55,6 +58,7 @@ class CostModel:
     """
 
     bandwidth: float = 12e9
+    transfer_overlap: float = 1.0
     flops_per_s: float = 5e12
     op_seconds: Dict[str, float] = field(default_factory=dict)
     temporaries: Dict[str, int] = field(default_factory=dict)
@@ -69,6 +73,9 @@ class CostModel:
     plain_resident_extra: int = 0
 
     def __post_init__(self):
+        if not 0.0 <= self.transfer_overlap <= 1.0:
+            raise InvalidArgumentError(
+                f"transfer_overlap must be between 0 and 1, got {self.transfer_overlap!r}")
         if self.gradient_lifetime not in GRADIENT_LIFETIMES:
             raise InvalidArgumentError(
                 f"gradient_lifetime must be one of {GRADIENT_LIFETIMES}, got "
@@ -129,7 +136,8 @@ class CostModel:
         resident = "variables" if self.resident_bytes is None else \
             f"{self.resident_bytes / 2**20:.1f} MiB (+{self.plain_resident_extra / 2**20:.1f} " \
             "after a plain step)"
-        return (f"CostModel({self.source}: {self.bandwidth / 1e9:.2f} GB/s host link, "
+        return (f"CostModel({self.source}: {self.bandwidth / 1e9:.2f} GB/s host link "
+                f"({self.transfer_overlap:.0%} of a transfer beside compute), "
                 f"{len(self.op_seconds)} op times, {len(self.temporaries)} ops with scratch "
                 f"memory ({sum(self.temporaries.values()) / 2**20:.1f} MiB in all), "
                 f"{len(self.output_bytes)} measured tensor sizes, allocator chunks "

@@ -251,7 +251,8 @@ def _policy_plan(view, options, static_bytes):
         plan = select.explicit(view, options.checkpoints, pins=options.pins,
                                host_device=options.host_device)
     if options.swap == "auto":
-        plan = planner.swap_auto(view, plan, options.host_device, options.model)
+        plan = planner.swap_auto(view, plan, options.host_device, options.model,
+                                 pins=options.pins)
     elif options.swap:
         for t in options.swap:
             if t not in view.tensors or not view.is_forward_tensor(t):

@@ -31,6 +31,7 @@ __all__ = [
     "default_host_device",
     "emulate_host",
     "measure_bandwidth",
+    "measure_overlap",
     "needs_real_copy",
     "session_config",
     "validate_host_device",
@@ -254,6 +255,47 @@ def copy_to(tensor, device, *, real_copy, name=None):
         return tf.identity(tensor, name=name)
 
 
+def _check_link_arguments(nbytes, repeats):
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise InvalidTypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+    if nbytes < 4:
+        raise InvalidArgumentError(f"nbytes must be at least 4 (one float32), got {nbytes}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InvalidArgumentError(f"repeats must be an int >= 1, got {repeats!r}")
+
+
+def _round_trip(host, nbytes):
+    """In the default graph: an ``nbytes`` float32 variable on the accelerator, and the op
+    copying it to ``host`` and back (``DeepCopy`` under emulation, an identity on a GPU).
+    Returns ``(initializer, round trip op)``."""
+    accelerator = accelerator_device()
+    real_copy = needs_real_copy(host)
+    with tf.device(accelerator):
+        source = tf.compat.v1.Variable(tf.ones([nbytes // 4], tf.float32),
+                                       name="ome_link_source", use_resource=True)
+        value = source.read_value()
+    on_host = copy_to(value, host, real_copy=real_copy)
+    return source.initializer, copy_to(on_host, accelerator, real_copy=real_copy).op
+
+
+def _link_session(graph):
+    """A session for the link's throwaway graph, Grappler off so no copy is optimised away."""
+    config = session_config()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return tf.compat.v1.Session(graph=graph, config=config)
+
+
+def _median_seconds(session, fetches, repeats, feed_dict=None):
+    """Median seconds of ``repeats`` runs of ``fetches``, after one warm-up run."""
+    session.run(fetches, feed_dict)  # allocator growth, first-run setup
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(fetches, feed_dict)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
     """Measure the accelerator <-> host copy bandwidth in bytes per second.
 
@@ -269,39 +311,70 @@ def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
         the figure a planner divides a tensor's size by to get one transfer's time.
     """
     host = validate_host_device(host_device)
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise InvalidTypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
-    if nbytes < 4:
-        raise InvalidArgumentError(f"nbytes must be at least 4 (one float32), got {nbytes}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise InvalidArgumentError(f"repeats must be an int >= 1, got {repeats!r}")
-    accelerator = accelerator_device()
-    real_copy = needs_real_copy(host)
-    elements = nbytes // 4
-
+    _check_link_arguments(nbytes, repeats)
+    nbytes -= nbytes % 4
     graph = tf.Graph()
     with graph.as_default():
-        with tf.device(accelerator):
-            source = tf.compat.v1.Variable(
-                tf.ones([elements], tf.float32), name="ome_bandwidth_source", use_resource=True
-            )
-            value = source.read_value()
-        on_host = copy_to(value, host, real_copy=real_copy)
-        back = copy_to(on_host, accelerator, real_copy=real_copy)
-        config = session_config()
-        config.graph_options.rewrite_options.disable_meta_optimizer = True
-        with tf.compat.v1.Session(graph=graph, config=config) as session:
-            session.run(source.initializer)
-            session.run(back.op)  # warm-up: allocator growth, first-run setup
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                session.run(back.op)
-                times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    bandwidth = 2 * elements * 4 / seconds
+        initializer, round_trip = _round_trip(host, nbytes)
+        with _link_session(graph) as session:
+            session.run(initializer)
+            seconds = _median_seconds(session, round_trip, repeats)
+    bandwidth = 2 * nbytes / seconds
     logger.info(
         "Host bandwidth %s <-> %s: %.2f GB/s (%d bytes, median of %d round trips)",
-        accelerator, host, bandwidth / 1e9, elements * 4, repeats,
+        accelerator_device(), host, bandwidth / 1e9, nbytes, repeats,
     )
     return bandwidth
+
+
+# Side of the matrices whose products are the compute a copy runs beside.
+_PRODUCT_SIDE = 512
+
+
+def measure_overlap(host_device, nbytes=64 * _MiB, *, repeats=15):
+    """The share of a host <-> device round trip that runs hidden beside compute, 0 to 1.
+
+    In a throwaway graph, times the round trip of ``nbytes`` alone (as
+    :func:`measure_bandwidth`), a chain of matrix products on the accelerator about three
+    times as long alone, and the two together in one step: the share is (round trip +
+    products - together) / round trip. A GPU's copy engines move data while its kernels
+    run (a share near 1); under emulation the copy is a memcpy taking a core from the
+    products, so much of its time adds to the step's.
+    """
+    host = validate_host_device(host_device)
+    _check_link_arguments(nbytes, repeats)
+    nbytes -= nbytes % 4
+    graph = tf.Graph()
+    with graph.as_default():
+        initializer, round_trip = _round_trip(host, nbytes)
+        count = tf.compat.v1.placeholder(tf.int32, [], name="ome_link_products")
+        with tf.device(accelerator_device()):
+            matrix = tf.compat.v1.Variable(
+                tf.fill([_PRODUCT_SIDE, _PRODUCT_SIDE], 1.0 / _PRODUCT_SIDE),
+                name="ome_link_matrix", use_resource=True)
+            weights = matrix.read_value()  # products of it keep every entry 1 / side
+            _, products = tf.while_loop(lambda i, _: i < count,
+                                        lambda i, y: (i + 1, tf.matmul(y, weights)),
+                                        (tf.constant(0), weights))
+        with _link_session(graph) as session:
+            session.run([initializer, matrix.initializer])
+            copy_seconds = _median_seconds(session, round_trip, repeats)
+            one = _median_seconds(session, products.op, repeats, {count: 1})
+            chain = {count: max(1, round(3 * copy_seconds / one))}
+            # the three in turn, so a drift of the machine's speed affects each alike
+            runs = [(round_trip, None), (products.op, chain), ([round_trip, products.op], chain)]
+            for fetches, feed in runs:
+                session.run(fetches, feed)  # warm-up
+            times = [[], [], []]
+            for _ in range(repeats):
+                for taken, (fetches, feed) in zip(times, runs):
+                    start = time.perf_counter()
+                    session.run(fetches, feed)
+                    taken.append(time.perf_counter() - start)
+    copy_seconds, compute_seconds, both_seconds = map(statistics.median, times)
+    overlap = (copy_seconds + compute_seconds - both_seconds) / copy_seconds
+    overlap = min(1.0, max(0.0, overlap))
+    logger.info("Host link %s <-> %s: %.0f%% of a round trip hidden beside compute "
+                "(copy %.1f ms, products %.1f ms, both %.1f ms)", accelerator_device(), host,
+                100 * overlap, 1e3 * copy_seconds, 1e3 * compute_seconds, 1e3 * both_seconds)
+    return overlap

@@ -11,7 +11,7 @@ import logging
 from ome import errors, optimal, simulate
 from ome.costs import STATIC
 from ome.plans import make_plan, with_estimates
-from ome.schedule import Decision, check_decision
+from ome.schedule import Decision
 from ome.sizes import format_bytes, parse_bytes
 
 log = logging.getLogger(__name__)
@@ -31,30 +31,10 @@ def _window_seconds(view, name, model):
 
 
 def swap_cost(view, name, model):
-    """Seconds a swap of ``name`` adds: the round trip not hidden behind compute."""
+    """Seconds a swap of ``name`` adds: the round trip not hidden behind compute (the
+    hidden part at most ``model.transfer_overlap`` of it)."""
     transfer = 2.0 * model.transfer_seconds(view.tensor_bytes(name))
-    return max(0.0, transfer - _window_seconds(view, name, model))
-
-
-def swappable(view, plan):
-    """Kept float tensors a swap could free: saved or read by a recomputation, and not
-    needed as soon as backprop starts (the last checkpoint stays)."""
-    kept = [t.tensor for t in plan.tensors if t.decision == Decision.KEEP
-            and view.tensors[t.tensor].is_float and not view.tensors[t.tensor].persistent
-            and view.tensors[t.tensor].bytes and t.tensor in plan.checkpoints]
-    if not kept:
-        return []
-    last = max(kept, key=lambda t: view.position[view.tensors[t].op])
-    allowed = []
-    for t in kept:
-        if t == last:
-            continue
-        try:
-            check_decision(view, t, Decision.SWAP)
-        except errors.InvalidArgumentError:
-            continue
-        allowed.append(t)
-    return allowed
+    return transfer - min(model.transfer_overlap * transfer, _window_seconds(view, name, model))
 
 
 def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
@@ -72,6 +52,9 @@ def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
 # swaps predicted to save less raised the peak: ResNet-50 388 -> 406 MiB for a predicted
 # 3 MiB saving, InceptionV4 477 -> 498 for 3 MiB.
 SWAP_MIN_SAVING = 0.05
+# The shares of the plan's simulated peak swap="auto" tries in turn, while a plan with swaps
+# fits them at no more added time than the plan: the lowest such peak is the one chosen.
+SWAP_LIMITS = (1.0 - SWAP_MIN_SAVING, 0.85, 0.75, 0.65, 0.5)
 
 
 # The least share of plain backprop's predicted peak a rewrite must save for ome to build
@@ -81,24 +64,47 @@ SWAP_MIN_SAVING = 0.05
 MIN_SAVING = 0.001
 
 
-def swap_auto(view, plan, host_device, model=STATIC):
-    """``plan`` with each checkpoint whose round trip hides behind compute on the host, when
-    together they lower the simulated peak by :data:`SWAP_MIN_SAVING` or more; else ``plan``."""
-    chosen = [t for t in swappable(view, plan) if swap_cost(view, t, model) == 0.0]
-    if not chosen:
-        log.info("swap='auto': no checkpoint's transfer hides behind compute; none swapped")
+def swap_auto(view, plan, host_device, model=STATIC, pins=None):
+    """``plan``, or a plan with swaps that predicts a lower peak at no more added time.
+
+    For each share of ``plan``'s simulated peak in :data:`SWAP_LIMITS` in turn,
+    :func:`ome.optimal.optimal` with the host keeps, recomputes or swaps each tensor for
+    the least added time under it; the lowest limit whose plan swaps and adds no more
+    time than ``plan`` wins. Swapping ``plan``'s own checkpoints would not do: the peak of
+    a plan of cuts is the recomputation of its first segment, when every later checkpoint
+    is freed already; with the host, the plan itself changes (more tensors kept on the
+    host, fewer recomputed).
+    """
+    before = with_predictions(view, plan, model)
+    peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
+    chosen, why = None, ""
+    for share in SWAP_LIMITS:
+        limit = int(share * peak)
+        try:
+            candidate = optimal.optimal(view, limit=limit, model=model, pins=pins,
+                                        host_device=host_device)
+        except errors.BudgetError:
+            why = f"no plan fits {format_bytes(limit)}"
+            break
+        candidate = with_predictions(view, candidate, model)
+        added = candidate.estimates["added_seconds"]
+        if added > seconds:
+            why = (f"under {format_bytes(limit)} the cheapest plan adds {added:.3f} s a step, "
+                   f"more than {plan.policy}'s {seconds:.3f} s")
+            break
+        if candidate.schedule.swaps:
+            chosen = candidate
+    if chosen is None:
+        log.info("swap='auto': no plan with swaps predicts a peak %.0f%% below %s at no more "
+                 "added time (%s); none swapped", 100 * SWAP_MIN_SAVING, format_bytes(peak),
+                 why or "the plans below it swap nothing")
         return plan
-    swapped = with_swaps(view, plan, chosen, host_device,
-                         reason="transfer hidden behind compute")
-    before = simulate.simulate(view, plan, model).device_peak
-    after = simulate.simulate(view, swapped, model).device_peak
-    if after > (1.0 - SWAP_MIN_SAVING) * before:
-        log.info("swap='auto': swapping the %d checkpoints whose transfers hide behind compute "
-                 "would lower the simulated peak from %s to %s, less than %.0f%%, within the "
-                 "simulator's error; none swapped", len(chosen), format_bytes(before),
-                 format_bytes(after), 100 * SWAP_MIN_SAVING)
-        return plan
-    return swapped
+    log.info("swap='auto': %d tensors swapped, %d ops recomputed: simulated peak %s -> %s, "
+             "added time %.3f s -> %.3f s a step%s", len(chosen.schedule.swaps),
+             len(chosen.schedule.copied_ops), format_bytes(peak),
+             format_bytes(chosen.estimates["device_peak"]), seconds,
+             chosen.estimates["added_seconds"], f" (lower: {why})" if why else "")
+    return dataclasses.replace(chosen, policy=f"{plan.policy}+swap")
 
 
 def with_predictions(view, plan, model=STATIC, static_bytes=0):

@@ -34,8 +34,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         ``'CPU:0'``.
     steps : traced steps after one warm-up step; op times are their medians, scratch
         bytes their maxima.
-    host_device : when given, the host link's bandwidth is measured too
-        (:func:`ome.host.measure_bandwidth`); else the default stays.
+    host_device : when given, the host link's bandwidth and the share of a transfer
+        hidden beside compute are measured too (:func:`ome.host.measure_bandwidth`,
+        :func:`ome.host.measure_overlap`); else the defaults stay.
 
     Returns
     -------
@@ -85,6 +86,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     extra = {}
     if host_device is not None:
         extra["bandwidth"] = host.measure_bandwidth(host_device)
+        extra["transfer_overlap"] = host.measure_overlap(host_device)
     if updates is not None:
         extra["gradient_lifetime"] = "update"
         extra["update_delays"] = {op: max(d) for op, d in delays.items()}

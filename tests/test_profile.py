@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors
+from ome import errors, host
 from tests import graphs
 
 MiB = 2 ** 20
@@ -30,6 +30,16 @@ def test_profile_measures_op_times_scratch_and_resident_memory(graph):
     assert costs.resident_bytes >= weights and costs.plain_resident_extra >= 0
     assert all(size >= 64 * 1024 for size in costs.temporaries.values())
     assert ome.CostModel.from_json(costs.to_json()) == costs
+
+
+def test_profile_with_a_host_measures_the_link(graph):
+    case = graphs.tanh_chain(layers=10)
+    grads = tf.gradients(case.ys, case.xs)
+    with tf.compat.v1.Session(config=host.session_config()) as sess:
+        costs = ome.profile(sess, grads, case.feed, steps=1, host_device="/device:CPU:1")
+    static = ome.CostModel()
+    assert costs.bandwidth != static.bandwidth and costs.transfer_overlap < 1.0
+    assert "of a transfer beside compute" in str(costs)
 
 
 def test_planning_reads_the_profile(graph):

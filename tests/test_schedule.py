@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from ome import errors, planner, schedule, select, simulate
-from ome.costs import CostModel
+from ome.costs import STATIC, CostModel
 from ome.graphview import GraphView, build_view
 from ome.plans import Plan, make_plan, with_leaf_waits
 from ome.schedule import Decision
@@ -399,18 +399,37 @@ def tanh_chain(layers, sizes=None):
 INSTANT_COPIES = CostModel(bandwidth=1e18)
 
 
-def test_swap_auto_swaps_checkpoints_that_lower_the_peak():
+def test_swap_auto_finds_the_lowest_peak_with_swaps_at_no_more_added_time(caplog):
     view = tanh_chain(8)
     plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
-    swapped = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
-    assert sorted(swapped.swapped) == ["t1:0", "t3:0"]  # t5, the last checkpoint, stays
+    with caplog.at_level("INFO", logger="ome.planner"):
+        swapped = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
     # rebuilding t6 and t7 at backprop's start: t1, t3, t5, both copies, y and its seed
     assert simulate.simulate(view, plan, INSTANT_COPIES).device_peak == 5 * MiB + 8
-    assert simulate.simulate(view, swapped, INSTANT_COPIES).device_peak == 3 * MiB + 8
+    # with free transfers t0..t4 go to the host and nothing is recomputed: at the peak
+    # (the seed of backprop) t5, t6 and t7 are kept, with y's 4 bytes and the seed's 8
+    assert simulate.simulate(view, swapped, INSTANT_COPIES).device_peak == 3 * MiB + 12
+    assert sorted(swapped.swapped) == ["t0:0", "t1:0", "t2:0", "t3:0", "t4:0"]
+    assert swapped.policy == "explicit+swap" and swapped.swapped
+    assert not swapped.schedule.copied_ops
+    assert "simulated peak 5.0 MiB -> 3.0 MiB" in caplog.text
+    assert "lower: no plan fits 2.5 MiB" in caplog.text
 
 
-def test_swap_auto_leaves_the_plan_when_the_saving_is_within_the_simulators_error(caplog):
-    # a 100 MiB last layer dominates the peak: swapping t1 and t3 would save 2 of 105 MiB
+def test_swap_auto_keeps_the_plan_when_swaps_cost_more_time_than_its_recomputation(caplog):
+    view = tanh_chain(8)
+    plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
+    # a slow link whose copies run beside nothing: each swap costs more than a tanh
+    slow = CostModel(bandwidth=1e3, transfer_overlap=0.0)
+    assert planner.swap_cost(view, "t2:0", slow) == 2 * MiB / 1e3
+    with caplog.at_level("INFO", logger="ome.planner"):
+        unchanged = planner.swap_auto(view, plan, "/device:CPU:1", slow)
+    assert unchanged is plan and not unchanged.swapped
+    assert "none swapped" in caplog.text and "more than explicit's" in caplog.text
+
+
+def test_swap_auto_leaves_the_plan_when_no_swap_saves_enough(caplog):
+    # a 100 MiB last layer dominates the peak: no plan gets 5% below 105 MiB
     view = tanh_chain(8, {"t7:0": 100 * MiB})
     plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
     everything = planner.with_swaps(view, plan, ["t1:0", "t3:0"], "/device:CPU:1", reason="r")
@@ -419,4 +438,16 @@ def test_swap_auto_leaves_the_plan_when_the_saving_is_within_the_simulators_erro
     with caplog.at_level("INFO", logger="ome.planner"):
         unchanged = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
     assert unchanged is plan and not unchanged.swapped
-    assert "from 105.0 MiB to 103.0 MiB, less than 5%" in caplog.text
+    assert "no plan fits 99.8 MiB" in caplog.text and "none swapped" in caplog.text
+
+
+def test_a_swap_hides_at_most_the_share_of_its_transfer_that_runs_beside_compute():
+    view = tanh_chain(8)
+    round_trip = 2 * MiB / 1e6
+    window = planner._window_seconds(view, "t2:0", STATIC)
+    assert 0 < window < round_trip
+    assert planner.swap_cost(view, "t2:0", CostModel(bandwidth=1e6)) == round_trip - window
+    assert planner.swap_cost(view, "t2:0", CostModel(bandwidth=1e6, transfer_overlap=0.0)) \
+        == round_trip
+    with pytest.raises(errors.InvalidArgumentError, match="transfer_overlap must be between"):
+        CostModel(transfer_overlap=1.5)

@@ -124,11 +124,9 @@ def model_grads_peak(name, batch, size, **options):
     return m.device_peak, m.host_peak
 
 
-# ResNet-50 at 16 x 112x112, where the swaps are predicted to save 12.5% of the peak and
-# measured 9-11% (415-432 -> 378-385 MiB). Smaller savings drown in the peak's variation
-# between runs: ResNet-18 at 16 x 128x128 (predicted 4.7%) measured 204 -> 197 MiB in one
-# run and 200 -> 201 in another; at 96x96 and on InceptionV4 the predicted saving is below
-# planner.SWAP_MIN_SAVING and swap="auto" swaps nothing.
+# ResNet-50 at 16 x 112x112, checkpoints="speed": with a profile, swap="auto" measured
+# 488 -> 344 MiB (2026-11-27, 73 tensors swapped and none recomputed; when it swapped only
+# the checkpoints, 415-432 -> 378-385 MiB). Here without a profile (transfers hide).
 # In a process of its own: in the full suite, what earlier tests left in the allocator
 # changed the traced peaks (recompute-only 111 MiB, with swaps 139 MiB; alone 139-155 and
 # 105-128).
