@@ -285,15 +285,19 @@ def _link_session(graph):
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
-def _median_seconds(session, fetches, repeats, feed_dict=None):
-    """Median seconds of ``repeats`` runs of ``fetches``, after one warm-up run."""
-    session.run(fetches, feed_dict)  # allocator growth, first-run setup
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _median_seconds(session, runs, repeats):
+    """Median seconds of each ``(fetches, feed_dict)`` of ``runs`` over ``repeats`` rounds
+    running each in turn (so a drift of the machine's speed affects each alike), after one
+    warm-up run of each (allocator growth, first-run setup)."""
+    for fetches, feed_dict in runs:
         session.run(fetches, feed_dict)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times = [[] for _ in runs]
+    for _ in range(repeats):
+        for taken, (fetches, feed_dict) in zip(times, runs):
+            start = time.perf_counter()
+            session.run(fetches, feed_dict)
+            taken.append(time.perf_counter() - start)
+    return [statistics.median(taken) for taken in times]
 
 
 def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
@@ -318,7 +322,7 @@ def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
         initializer, round_trip = _round_trip(host, nbytes)
         with _link_session(graph) as session:
             session.run(initializer)
-            seconds = _median_seconds(session, round_trip, repeats)
+            [seconds] = _median_seconds(session, [(round_trip, None)], repeats)
     bandwidth = 2 * nbytes / seconds
     logger.info(
         "Host bandwidth %s <-> %s: %.2f GB/s (%d bytes, median of %d round trips)",
@@ -358,20 +362,12 @@ def measure_overlap(host_device, nbytes=64 * _MiB, *, repeats=15):
                                         (tf.constant(0), weights))
         with _link_session(graph) as session:
             session.run([initializer, matrix.initializer])
-            copy_seconds = _median_seconds(session, round_trip, repeats)
-            one = _median_seconds(session, products.op, repeats, {count: 1})
+            [copy_seconds, one] = _median_seconds(
+                session, [(round_trip, None), (products.op, {count: 1})], repeats)
             chain = {count: max(1, round(3 * copy_seconds / one))}
-            # the three in turn, so a drift of the machine's speed affects each alike
-            runs = [(round_trip, None), (products.op, chain), ([round_trip, products.op], chain)]
-            for fetches, feed in runs:
-                session.run(fetches, feed)  # warm-up
-            times = [[], [], []]
-            for _ in range(repeats):
-                for taken, (fetches, feed) in zip(times, runs):
-                    start = time.perf_counter()
-                    session.run(fetches, feed)
-                    taken.append(time.perf_counter() - start)
-    copy_seconds, compute_seconds, both_seconds = map(statistics.median, times)
+            copy_seconds, compute_seconds, both_seconds = _median_seconds(
+                session, [(round_trip, None), (products.op, chain),
+                          ([round_trip, products.op], chain)], repeats)
     overlap = (copy_seconds + compute_seconds - both_seconds) / copy_seconds
     overlap = min(1.0, max(0.0, overlap))
     logger.info("Host link %s <-> %s: %.0f%% of a round trip hidden beside compute "
