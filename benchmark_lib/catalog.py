@@ -31,8 +31,8 @@ STRATEGIES = {
     "grappler-heuristics": "tf.gradients + Grappler's HEURISTICS",
     "tf-recompute-grad": "tf.recompute_grad around each model block",
     "ome": "ome.gradients: checkpoints='auto', recompute the rest",
-    "ome-swap": "ome.gradients(swap='auto'): keep, recompute or swap each tensor for a lower "
-                "peak at no more added time than ome's, where one exists",
+    "ome-swap": "ome.gradients(swap='auto'): with a profile (--simulator-check, --frontier), "
+                "a lower peak with swaps at no more added time than ome's; without, ome's",
     "ome-speed": "ome.gradients(checkpoints='speed'): keep every conv/matmul output, "
                  "recompute only the cheap ops after them",
     "ome-optimal": "ome.gradients(checkpoints='optimal'): the MILP planner's smallest peak, "

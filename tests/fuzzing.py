@@ -29,6 +29,7 @@ import tensorflow as tf
 
 import ome
 from ome import planner
+from ome.costs import CostModel
 from ome.errors import InternalError, OmeError
 from tests.randomgraphs import TOLERANCE, Interior
 
@@ -117,7 +118,7 @@ SETTINGS = [
     Setting("memory", {"checkpoints": "memory"}),
     Setting("speed", {"checkpoints": "speed"}),
     Setting("explicit", {"checkpoints": CHECKPOINT_LIST}),
-    Setting("swap-auto", {"swap": "auto", "host_device": HOST}),
+    Setting("swap-auto", {"swap": "auto", "host_device": HOST, "cost_model": CostModel()}),
     Setting("swap-list", {"checkpoints": CHECKPOINT_LIST, "swap": SWAP_SUBSET,
                           "host_device": HOST}),
     # Recompute groups also wait for backward leaves (the default under tf.distribute).

@@ -13,6 +13,7 @@ from ome.measure import measure
 from tests import graphs
 
 MiB = 2 ** 20
+HOST = "/device:CPU:1"
 
 
 def run(case, grads):
@@ -99,6 +100,18 @@ def test_swap_of_a_tensor_used_only_in_the_forward_pass(graph):
     run(case, ome.gradients(case.ys, case.xs, checkpoints=case.interior, swap=swap))
 
 
+def test_swap_auto_without_measured_costs_warns_and_swaps_nothing(graph, caplog):
+    case = graphs.tanh_chain(layers=20)
+    with caplog.at_level("WARNING", logger="ome.gradients"):
+        plain = ome.plan(case.ys, case.xs, swap="auto", host_device=HOST)
+    assert plain.recomputed and not plain.swapped
+    assert "without cost_model=ome.profile(...) it swaps nothing" in caplog.text
+    # a link so fast that each swap costs less than the recomputation it replaces
+    measured = ome.plan(case.ys, case.xs, swap="auto", host_device=HOST,
+                        cost_model=ome.CostModel(bandwidth=1e18, source="a test's costs"))
+    assert measured.swapped and measured.policy == "auto+swap"
+
+
 def test_no_host_device_is_a_clear_error():
     code = ("import tensorflow as tf, ome\n"
             "tf.compat.v1.disable_eager_execution()\n"
@@ -111,30 +124,46 @@ def test_no_host_device_is_a_clear_error():
     assert "REFUSED" in out and "host" in out
 
 
+def _model_step(name, batch, size, gradients=None):
+    import models
+    return models.build_train_step(
+        name, batch, size, num_classes=10, dropout=False if name == "inception_v4" else None,
+        **({} if gradients is None else {"gradients": gradients}))
+
+
+def model_costs(name, batch, size):
+    """The cost model of a zoo model's plain gradients, host link included."""
+    with tf.Graph().as_default():
+        step = _model_step(name, batch, size)
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(step.init_op)
+            return ome.profile(sess, list(step.grads), step.feed_dict, host_device=HOST)
+
+
 def model_grads_peak(name, batch, size, **options):
     """Device and host peaks (emulation) of the gradients of a zoo model under ome."""
-    import models
     with tf.Graph().as_default():
-        step = models.build_train_step(
-            name, batch, size, num_classes=10, dropout=False if name == "inception_v4" else None,
-            gradients=lambda ys, xs: ome.gradients(ys, xs, **options))
+        step = _model_step(name, batch, size, lambda ys, xs: ome.gradients(ys, xs, **options))
         with tf.compat.v1.Session(config=session_config()) as sess:
             sess.run(step.init_op)
             m = measure(sess, list(step.grads), step.feed_dict, warmup=1, steps=1)
     return m.device_peak, m.host_peak
 
 
-# ResNet-50 at 16 x 112x112, checkpoints="speed": with a profile, swap="auto" measured
-# 488 -> 344 MiB (2026-11-27, 73 tensors swapped and none recomputed; when it swapped only
-# the checkpoints, 415-432 -> 378-385 MiB). Here without a profile (transfers hide).
+# ResNet-50 at 16 x 112x112, checkpoints="speed", planned from a profile: swap="auto"
+# keeps most conv outputs on the host and recomputes nothing. A training step measured
+# 488 -> 344 MiB that way (2026-11-27; when swap="auto" swapped only the checkpoints,
+# 415-432 -> 378-385 MiB).
 # In a process of its own: in the full suite, what earlier tests left in the allocator
 # changed the traced peaks (recompute-only 111 MiB, with swaps 139 MiB; alone 139-155 and
 # 105-128).
 _MODEL_PEAKS = """
 import tests.conftest
-from tests.test_swap import model_grads_peak
-recompute, _ = model_grads_peak({name!r}, {batch}, {size}, checkpoints="speed")
-ome_peak, host = model_grads_peak({name!r}, {batch}, {size}, checkpoints="speed", swap="auto")
+from tests.test_swap import model_costs, model_grads_peak
+costs = model_costs({name!r}, {batch}, {size})
+recompute, _ = model_grads_peak({name!r}, {batch}, {size}, checkpoints="speed", cost_model=costs)
+ome_peak, host = model_grads_peak({name!r}, {batch}, {size}, checkpoints="speed", swap="auto",
+                                  cost_model=costs)
 print(recompute, ome_peak, host)
 """
 
@@ -147,7 +176,7 @@ def test_ome_below_recompute_only_on_models(name, batch, size):
     recompute, ome_peak, host_peak = map(int, out.split()[-3:])
     print(f"{name}: device peak recompute-only {recompute / MiB:.1f} MiB, OME "
           f"{ome_peak / MiB:.1f} MiB, host {host_peak / MiB:.1f} MiB")
-    assert ome_peak < recompute
+    assert ome_peak <= 0.95 * recompute
     assert host_peak > 0
 
 
