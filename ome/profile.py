@@ -46,7 +46,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         the most less the least), ``output_bytes`` (the
         bytes each output asked for), ``chunk_overhead`` (the bytes the allocator gave
         the outputs over the bytes they asked for, each output's median of the steps)
-        and ``bandwidth``; ``source`` names the device.
+        and ``bandwidth`` and ``transfer_overlap`` (with a host); ``source`` names the device.
         ``gradient_lifetime`` is ``"update"`` when each gradient of the backward pass is
         read only by an update of its own (:func:`_gradient_updates`), and then
         ``update_delays`` holds how many backward ops ran before each update (the most
