@@ -255,13 +255,16 @@ def copy_to(tensor, device, *, real_copy, name=None):
         return tf.identity(tensor, name=name)
 
 
-def _check_link_arguments(nbytes, repeats):
+def _link_arguments(host_device, nbytes, repeats):
+    """The checked host device and ``nbytes`` in whole float32s."""
+    host = validate_host_device(host_device)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
         raise InvalidTypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
     if nbytes < 4:
         raise InvalidArgumentError(f"nbytes must be at least 4 (one float32), got {nbytes}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise InvalidArgumentError(f"repeats must be an int >= 1, got {repeats!r}")
+    return host, nbytes - nbytes % 4
 
 
 def _round_trip(host, nbytes):
@@ -314,9 +317,7 @@ def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
         ``2 * nbytes / median round-trip time``: bytes moved per second in one direction,
         the figure a planner divides a tensor's size by to get one transfer's time.
     """
-    host = validate_host_device(host_device)
-    _check_link_arguments(nbytes, repeats)
-    nbytes -= nbytes % 4
+    host, nbytes = _link_arguments(host_device, nbytes, repeats)
     graph = tf.Graph()
     with graph.as_default():
         initializer, round_trip = _round_trip(host, nbytes)
@@ -345,9 +346,7 @@ def measure_overlap(host_device, nbytes=64 * _MiB, *, repeats=15):
     run (a share near 1); under emulation the copy is a memcpy taking a core from the
     products, so much of its time adds to the step's.
     """
-    host = validate_host_device(host_device)
-    _check_link_arguments(nbytes, repeats)
-    nbytes -= nbytes % 4
+    host, nbytes = _link_arguments(host_device, nbytes, repeats)
     graph = tf.Graph()
     with graph.as_default():
         initializer, round_trip = _round_trip(host, nbytes)

@@ -86,8 +86,7 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None):
         except errors.BudgetError:
             why = f"no plan fits {format_bytes(limit)}"
             break
-        candidate = with_predictions(view, candidate, model)
-        added = candidate.estimates["added_seconds"]
+        added = candidate.estimates["added_seconds"]  # simulated by optimal, as above
         if added > seconds:
             why = (f"under {format_bytes(limit)} the cheapest plan adds {added:.3f} s a step, "
                    f"more than {plan.policy}'s {seconds:.3f} s")
