@@ -28,7 +28,12 @@ class CostModel:
     ``ome.host.measure_overlap``). ``flops_per_s``: sustained compute,
     used for ops without a measured time. ``op_seconds``: measured run time per op name.
     ``temporaries``: scratch bytes an op's kernel allocates and frees while it runs, by op
-    name (measured; e.g. a convolution's workspace). ``resident_bytes``: bytes allocated
+    name (measured; e.g. a convolution's workspace), the most of the profiled steps: what
+    it takes beside other kernels, as the executor runs a plain step.
+    ``temporaries_alone``: the least of the steps, what it takes when it runs alone, as an
+    op of the rewrite's enforced order does (InceptionV4's convolution gradients at batch
+    8, 75x75: 12-27 MiB alone in every ordered step, up to 36.5 MiB beside others).
+    ``resident_bytes``: bytes allocated
     between steps (variables, optimizer slots and whatever the runtime keeps); None means
     "count the variables" (the caller's static estimate). ``source`` says where the
     figures come from. ``backward_scope``: the name scope the profiled step's backward ops
@@ -62,6 +67,7 @@ class CostModel:
     flops_per_s: float = 5e12
     op_seconds: Dict[str, float] = field(default_factory=dict)
     temporaries: Dict[str, int] = field(default_factory=dict)
+    temporaries_alone: Dict[str, int] = field(default_factory=dict)
     resident_bytes: Optional[int] = None
     source: str = "static defaults"
     backward_scope: str = "gradients"
@@ -93,6 +99,7 @@ class CostModel:
 
         return dataclasses.replace(self, op_seconds=rekey(self.op_seconds),
                                    temporaries=rekey(self.temporaries),
+                                   temporaries_alone=rekey(self.temporaries_alone),
                                    output_bytes=rekey(self.output_bytes),
                                    update_delays=rekey(self.update_delays),
                                    update_copies=rekey(self.update_copies),
@@ -105,9 +112,11 @@ class CostModel:
             return measured
         return view.ops[op].cost / self.flops_per_s
 
-    def scratch(self, op):
-        """Bytes of scratch memory ``op``'s kernel holds while it runs."""
-        return self.temporaries.get(op, 0)
+    def scratch(self, op, *, alone=False):
+        """Bytes of scratch memory ``op``'s kernel holds while it runs, beside other
+        kernels or ``alone`` (where measured; else as beside others)."""
+        beside = self.temporaries.get(op, 0)
+        return self.temporaries_alone.get(op, beside) if alone else beside
 
     def update_delay(self, op):
         """Backward ops that run after ``op`` makes a gradient before its update frees it."""

@@ -283,13 +283,19 @@ def enforced_order(view, sched, reads):
     def chained(kind, name):
         if kind in ("swap_in", "swap_out"):
             return kind == "swap_in"
-        op = view.ops[name]
-        if kind == "op" and (name not in view.main or not op.reroutable
-                             or op.type in UNCHAINED_SUMS):
-            return False
-        return any(can_wait(view, t) for t in op.inputs)
+        return chained_op(view, name, copy=kind == "copy")
 
     return [event for event in events(view, sched, reads) if chained(*event)]
+
+
+def chained_op(view, name, *, copy=False):
+    """Whether :func:`enforced_order` chains op ``name`` (or its recomputed ``copy``), so
+    that it runs alone rather than beside other kernels."""
+    op = view.ops[name]
+    if not copy and (name not in view.main or not op.reroutable
+                     or op.type in UNCHAINED_SUMS):
+        return False
+    return any(can_wait(view, t) for t in op.inputs)
 
 
 def can_wait(view, tensor):

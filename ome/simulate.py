@@ -102,6 +102,7 @@ def simulate(view, plan, model=STATIC):
     owner: Dict[str, str] = {}  # tensor key -> buffer id
     live = host = peak = 0
     peak_at = ""
+    ordered = not sched.is_empty()  # the rewrite chains a plan that changes anything
     for index, (kind, name) in enumerate(events):
         inputs = reads.get((kind, name), [])
         for key in schedule_mod.event_outputs(view, kind, name):
@@ -132,7 +133,8 @@ def simulate(view, plan, model=STATIC):
                 released.setdefault(max(index, release.get(tensor, index)), []).append(key)
         for key in released.pop(index, ()):
             heapq.heappush(updates, (backward_done + updated[key], key))
-        running = live + (model.scratch(name) if kind in ("op", "copy") else 0)
+        running = live + (model.scratch(name, alone=ordered and schedule_mod.chained_op(
+            view, name, copy=kind == "copy")) if kind in ("op", "copy") else 0)
         if running > peak:
             peak, peak_at = running, name
         if kind == "op" and name in backward:

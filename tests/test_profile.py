@@ -29,6 +29,8 @@ def test_profile_measures_op_times_scratch_and_resident_memory(graph):
     weights = sum(4 * 512 * 512 for _ in case.xs)
     assert costs.resident_bytes >= weights and costs.plain_resident_extra >= 0
     assert all(size >= 64 * 1024 for size in costs.temporaries.values())
+    assert costs.temporaries_alone.keys() == costs.temporaries.keys()
+    assert all(costs.temporaries_alone[op] <= size for op, size in costs.temporaries.items())
     assert ome.CostModel.from_json(costs.to_json()) == costs
 
 

@@ -451,3 +451,26 @@ def test_a_swap_hides_at_most_the_share_of_its_transfer_that_runs_beside_compute
         == round_trip
     with pytest.raises(errors.InvalidArgumentError, match="transfer_overlap must be between"):
         CostModel(transfer_overlap=1.5)
+
+
+def test_a_chained_kernel_takes_its_scratch_alone_and_one_the_executor_runs_beside_others():
+    """The profile keeps each kernel's most scratch of its steps (beside other kernels) and
+    its least (alone); a rewritten plan chains backprop and copies, the forward pass and a
+    plain step run in the executor's order."""
+    view = chain()
+    plain, recomputed = plan_of(view, {}), plan_of(view, {"b:0": Decision.RECOMPUTE})
+    beside = CostModel(temporaries={"b": 10 * MiB, "g_b": 10 * MiB})
+    model = dataclasses.replace(beside, temporaries_alone={"b": 3 * MiB, "g_b": 3 * MiB})
+    assert schedule.chained_op(view, "g_b") and schedule.chained_op(view, "b", copy=True)
+    assert not schedule.chained_op(view, "b")
+    # Plain: every kernel beside others, as before.
+    assert simulate.simulate(view, plain, model) == simulate.simulate(view, plain, beside)
+    # Recomputed: beside others, b's copy runs with a, c, g_c and itself live (14 MiB);
+    # alone, the peak is forward b beside others: a, b, the 4-byte seed and 10 MiB.
+    assert simulate.simulate(view, recomputed, beside).device_peak == 14 * MiB
+    assert simulate.simulate(view, recomputed, model).device_peak == 12 * MiB + 4
+    assert model.scratch("g_b") == 10 * MiB and model.scratch("g_b", alone=True) == 3 * MiB
+    assert beside.scratch("g_b", alone=True) == 10 * MiB  # not measured alone: as beside
+    assert CostModel.from_json(model.to_json()) == model
+    assert CostModel(temporaries_alone={"gradients/g_b": 1}).in_scope(
+        "ome_gradients").temporaries_alone == {"ome_gradients/g_b": 1}
