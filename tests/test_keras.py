@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def run_script(name, timeout=600):
     """Run ``tests/scripts/<name>``; its ``OK ...`` lines, or fail with its stderr."""
@@ -27,6 +29,7 @@ def test_one_step_equals_keras_on_varied_models_and_three_epochs_fit():
     assert any(line.startswith("OK mixed precision") for line in lines)
 
 
+@pytest.mark.slow  # about a minute; ResNet50V2 of the real architectures below stays
 def test_one_step_equals_keras_on_resnet50():
     assert run_script("keras_resnet.py")[0].startswith("OK step resnet50")
 
