@@ -308,7 +308,7 @@ class _Problem:
             delta[stop[buffer] + 1] -= size[buffer]
         curve = np.cumsum(delta)[:-1]
         for op, i in at.items():  # the plans it weighs are rewritten: backprop is chained
-            curve[i] += self.model.scratch(op, alone=schedule.chained_op(view, op))
+            curve[i] += simulate.kernel_scratch(view, self.model, op)
         for g, i in updated.items():  # a copy the update makes of a variable read beside it
             curve[i] += self.model.update_copy(view.tensors[g].op)
         return curve

@@ -84,6 +84,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     if not seconds:
         raise InvalidArgumentError(
             f"the traced step ran no op on {stats_device}; pass device= the step runs on")
+    # A kernel takes more scratch beside others than alone (InceptionV4's convolution
+    # gradients: up to 1.8x), and plain and rewritten steps run them differently
+    most = {node: max(sizes) for node, sizes in scratch.items()}
     extra = {}
     if host_device is not None:
         extra["bandwidth"] = host.measure_bandwidth(host_device)
@@ -91,15 +94,13 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     if updates is not None:
         extra["gradient_lifetime"] = "update"
         extra["update_delays"] = {op: max(d) for op, d in delays.items()}
-        copies = {producer: max(max(scratch.get(r, [0])) for r in readers)
+        copies = {producer: max(most.get(r, 0) for r in readers)
                   for producer, readers in updates.items()}
         extra["update_copies"] = {op: n for op, n in copies.items() if n >= MIN_SCRATCH_BYTES}
-    # A kernel takes more scratch beside others than alone (InceptionV4's convolution
-    # gradients: up to 1.8x), and plain and rewritten steps run them differently
-    scratched = [node for node, sizes in scratch.items() if max(sizes) >= MIN_SCRATCH_BYTES]
+    scratched = [node for node, size in most.items() if size >= MIN_SCRATCH_BYTES]
     return CostModel(
         op_seconds={node: statistics.median(times) for node, times in seconds.items()},
-        temporaries={node: max(scratch[node]) for node in scratched},
+        temporaries={node: most[node] for node in scratched},
         temporaries_alone={node: min(scratch[node]) for node in scratched},
         resident_bytes=min(resident), plain_resident_extra=max(resident) - min(resident),
         output_bytes=asked,

@@ -133,8 +133,8 @@ def simulate(view, plan, model=STATIC):
                 released.setdefault(max(index, release.get(tensor, index)), []).append(key)
         for key in released.pop(index, ()):
             heapq.heappush(updates, (backward_done + updated[key], key))
-        running = live + (model.scratch(name, alone=ordered and schedule_mod.chained_op(
-            view, name, copy=kind == "copy")) if kind in ("op", "copy") else 0)
+        running = live + (kernel_scratch(view, model, name, copy=kind == "copy",
+                                         ordered=ordered) if kind in ("op", "copy") else 0)
         if running > peak:
             peak, peak_at = running, name
         if kind == "op" and name in backward:
@@ -175,6 +175,16 @@ def simulate(view, plan, model=STATIC):
         peak += model.plain_resident_extra
     return Prediction(device_peak=peak, host_peak=host, recompute_flops=flops,
                       swap_bytes=swap_bytes, peak_at=peak_at)
+
+
+def kernel_scratch(view, model, op, *, copy=False, ordered=True):
+    """Scratch bytes ``op`` (or its recomputed ``copy``) holds while it runs: what it takes
+    alone where the rewrite chains it (an ``ordered`` plan: one that changes anything),
+    else what it takes beside other kernels."""
+    beside = model.scratch(op)
+    if beside and ordered and schedule_mod.chained_op(view, op, copy=copy):
+        return model.scratch(op, alone=True)
+    return beside
 
 
 def held_to_end(view, model):
