@@ -105,6 +105,11 @@ class CostModel:
                                    update_copies=rekey(self.update_copies),
                                    backward_scope=scope)
 
+    @property
+    def measured(self):
+        """Whether the figures come from a profile (op times measured), not the defaults."""
+        return bool(self.op_seconds)
+
     def seconds(self, view, op):
         """Seconds one run of forward op ``op`` (a name in ``view``) takes."""
         measured = self.op_seconds.get(op)

@@ -7,6 +7,7 @@ graph is small enough, every keep/recompute(/swap) decision set is simulated and
 planner's added time must equal the best one fitting each limit.
 """
 import itertools
+import math
 import time
 
 import numpy as np
@@ -342,14 +343,23 @@ def test_resnet200_plans_in_five_seconds_and_the_plan_gives_tf_gradients():
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=v.name)
 
 
-def test_a_budget_leaves_its_headroom_of_the_simulated_part_only():
-    """``memory_budget=``'s limit: the resident bytes count in full, and HEADROOM of the
-    rest is left free; the smallest budget the error names admits the smallest plan."""
+def test_a_budget_leaves_its_headroom_free():
+    """``memory_budget=``'s limit: the resident bytes count in full, and 15% of the budget
+    is left free with static estimates, 5% with measured costs; the smallest budget the
+    error names admits the smallest plan."""
     view, static = chain(), 10_000
     plain = simulate.simulate(view, select.keep_all(view)).device_peak
     smallest = planner.smallest_budget(plain, static)
-    assert smallest == static + plain / (1 - planner.HEADROOM)
+    assert smallest == math.ceil((static + plain) / 0.85)
     assert planner.budget_limit(smallest, static) == plain
+    assert planner.budget_limit(smallest - 1, static) < plain
+    assert planner.budget_limit(1_000_000, static) == 850_000 - static
+    measured = CostModel(op_seconds={"a": 1e-3})
+    assert planner.budget_limit(1_000_000, static, measured) == 950_000 - static
+    assert planner.smallest_budget(plain, static, measured) == \
+        math.ceil((static + plain) / 0.95)
     assert planner.fit_budget(view, smallest + 1, static_bytes=static).changes_nothing()
     with pytest.raises(errors.BudgetError, match="the smallest plan predicts"):
+        planner.fit_budget(view, planner.smallest_budget(2, static), static_bytes=static)
+    with pytest.raises(errors.BudgetError, match="optimizer state alone take .* and 15% of the"):
         planner.fit_budget(view, static + 2, static_bytes=static)

@@ -86,7 +86,7 @@ def test_budget_below_reachable_names_the_minimum(graph):
     case = graphs.tanh_chain()
     before = len(graph.get_operations())
     with pytest.raises(errors.BudgetError, match=r"smallest reachable is \d+.*the smallest "
-                       r"plan predicts \d+.*15% of its simulated part is left free"):
+                       r"plan predicts \d+.*15% of the budget is left free"):
         ome.gradients(case.ys, case.xs, memory_budget="5MiB")
     assert len(graph.get_operations()) == before
 
