@@ -11,7 +11,7 @@ import math
 from typing import Mapping, NamedTuple, Optional, Tuple
 
 __all__ = ["RESULT_PREFIX", "LOG_PREFIX", "RunSpec", "ParamsSpec", "LogRecord", "encode_spec",
-           "decode_spec", "result_line", "parse_result", "log_line", "parse_log", "is_echoed",
+           "decode_spec", "budget_label", "result_line", "parse_result", "log_line", "parse_log", "is_echoed",
            "json_safe"]
 
 RESULT_PREFIX = "@@ome-bench-result "
@@ -60,8 +60,12 @@ class RoundsSpec:
     """Time ``strategies`` of ``model`` in one process, in rounds: after ``warmup`` steps
     of each, ``steps`` rounds of one step of each in turn (the sweep's step times,
     ``--interleaved``). ``measure_lock`` as in :class:`RunSpec`, held alone for all the
-    rounds. The result's ``quartiles`` map each strategy timed to its step seconds'
-    ``(q1, median, q3)``; ``failed`` maps a strategy that could not be built or run to why.
+    rounds. With ``profile`` the plain step is profiled first and strategies that take a
+    cost model get it; ``budgets`` (bytes, with ``profile``) add ``ome-budget`` at each,
+    timed as :func:`budget_label`. The result's ``quartiles`` map each strategy timed to
+    its step seconds' ``(q1, median, q3)``, ``predicted`` to its plan's predicted added
+    seconds (with ``profile``, where the plan has one); ``failed`` maps a strategy that
+    could not be built or run to why.
     """
 
     model: str
@@ -71,7 +75,14 @@ class RoundsSpec:
     steps: int
     warmup: int
     measure_lock: Optional[str] = None
+    profile: bool = False
+    budgets: Tuple[int, ...] = ()
     task: str = "rounds"
+
+
+def budget_label(budget):
+    """The name a :class:`RoundsSpec` result gives ``ome-budget`` at ``budget`` bytes."""
+    return f"ome-budget@{budget}"
 
 
 class LogRecord(NamedTuple):

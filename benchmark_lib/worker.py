@@ -177,8 +177,9 @@ def _strategy_gradients(strategy, made, **offered):
 
 
 def _profile(spec, lock):
-    """The cost model of ``spec``'s plain training step (``ome.profile``), measured while
-    holding ``lock`` alone, so no other worker runs meanwhile."""
+    """The cost model of ``spec``'s plain training step (``ome.profile``, the enforced
+    order's cost included), measured while holding ``lock`` alone, so no other worker runs
+    meanwhile."""
     import tensorflow as tf
     import models
     import ome
@@ -190,39 +191,47 @@ def _profile(spec, lock):
                 tf.compat.v1.Session(graph=graph, config=host.session_config()) as session:
             session.run(step.init_op)
             return ome.profile(session, step.train_op, step.feed_dict,
-                               host_device=host.default_host_device())
+                               host_device=host.default_host_device(),
+                               order_of=(step.loss, list(step.variables)))
 
 
 def _rounds(spec, lock):
-    """The :class:`~benchmark_lib.protocol.RoundsSpec` result: ``spec``'s strategies, each
-    built in a graph and session of its own in this process, timed one step of each in turn
-    (the opposite order every other round) while holding ``lock`` alone. A strategy that
-    fails to build or to run leaves the rounds with its reason in ``failed``; the others
-    go on."""
+    """The :class:`~benchmark_lib.protocol.RoundsSpec` result: ``spec``'s strategies (and
+    budgets), each built in a graph and session of its own in this process, timed one step
+    of each in turn (the opposite order every other round) while holding ``lock`` alone. A
+    strategy that fails to build or to run leaves the rounds with its reason in ``failed``;
+    the others go on."""
     import tensorflow as tf
     import baselines
     import models
     from ome import host
     from ome.measure import quartiles
 
-    runs, failed = {}, {}
-    for strategy in spec.strategies:
+    costs = _profile(spec, lock) if spec.profile else None
+    runs, failed, predicted = {}, {}, {}
+    entries = [(strategy, strategy, None) for strategy in spec.strategies] + \
+        [(protocol.budget_label(b), "ome-budget", b) for b in spec.budgets]
+    for label, strategy, budget in entries:
         made = {}
         graph = tf.Graph()
         try:
             with graph.as_default():
                 step = models.build_train_step(
                     spec.model, spec.batch_size, spec.image_size,
-                    gradients=_strategy_gradients(strategy, made, batch_size=spec.batch_size),
+                    gradients=_strategy_gradients(strategy, made, batch_size=spec.batch_size,
+                                                  memory_budget=budget, cost_model=costs),
                     **baselines.model_options(strategy))
                 session = tf.compat.v1.Session(  # pylint: disable=consider-using-with
                     graph=graph, config=host.session_config(made["built"].config))
                 session.run(step.init_op)
         except Exception as exc:  # pylint: disable=broad-except  # one failure, not the rounds'
-            logging.getLogger("benchmark").warning("%s failed to build", strategy, exc_info=True)
-            failed[strategy] = _first_lines(exc)
+            logging.getLogger("benchmark").warning("%s failed to build", label, exc_info=True)
+            failed[label] = _first_lines(exc)
             continue
-        runs[strategy] = (session, step)
+        runs[label] = (session, step)
+        estimates = (made["built"].info or {}).get("estimates") or {}
+        if costs is not None and "added_seconds" in estimates:
+            predicted[label] = estimates["added_seconds"]
     times = {strategy: [] for strategy in runs}
     order = list(runs)
     with lock.exclusive():
@@ -245,7 +254,7 @@ def _rounds(spec, lock):
     for session, _ in runs.values():
         session.close()
     return {"quartiles": {strategy: quartiles(taken) for strategy, taken in times.items()},
-            "failed": failed}
+            "predicted": predicted, "failed": failed}
 
 
 def _int(value):

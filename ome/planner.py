@@ -19,9 +19,14 @@ log = logging.getLogger(__name__)
 
 
 def added_seconds(view, plan, model):
-    """Seconds ``plan`` adds to a step under ``model``."""
+    """Seconds ``plan`` adds to a step under ``model``: its copies' run times, its swaps'
+    exposed transfers and, when it changes anything (the rewrite then enforces an order),
+    the order's own cost."""
+    if plan.changes_nothing():
+        return 0.0
     seconds = sum(model.seconds(view, op) for op in plan.schedule.copied_ops)
-    return seconds + sum(swap_cost(view, s.tensor, model) for s in plan.schedule.swaps)
+    return model.order_seconds + seconds + \
+        sum(swap_cost(view, s.tensor, model) for s in plan.schedule.swaps)
 
 
 def _window_seconds(view, name, model):

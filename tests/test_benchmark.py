@@ -473,6 +473,22 @@ def test_frontier_table_and_plot_put_predictions_beside_measurements(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
 
+def test_frontier_rounds_table_sets_predicted_beside_measured_added_seconds():
+    budgets = {300 * MiB: 0.6, 350 * MiB: 0.7, 400 * MiB: 0.8}
+    label = protocol.budget_label
+    rounds = {"quartiles": {"vanilla": (0.95, 1.0, 1.05), "ome": (1.2, 1.25, 1.3),
+                            label(300 * MiB): (1.1, 1.2, 1.2), label(400 * MiB): (0.9, 0.98, 1.0)},
+              "predicted": {"ome": 0.3, label(300 * MiB): 0.16, label(400 * MiB): 0.05},
+              "failed": {label(350 * MiB): "BudgetError: cannot fit"}}
+    lines = frontier.rounds_table(rounds, ("vanilla", "ome"), budgets, 5)
+    assert "medians of 5 rounds" in lines[0]
+    assert lines[4] == "| vanilla | 1.000 | 10% | +0.000 | - | - |"
+    assert lines[5] == "| ome | 1.250 | 8% | +0.250 | +0.300 | 1.20 |"
+    assert lines[6] == "| budget 0.60 | 1.200 | 8% | +0.200 | +0.160 | 0.80 |"
+    assert lines[7] == "| budget 0.70 | BudgetError: cannot fit | | | | |"
+    assert lines[8] == "| budget 0.80 | 0.980 | 10% | -0.020 | +0.050 | measured no added time |"
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--frontier", "--models", "resnet18,resnet50"], "--frontier takes one model"),
     (["--frontier", "--budget", "1GiB"], "--budget does not apply to --frontier"),
@@ -684,6 +700,22 @@ def test_a_strategy_failing_in_the_rounds_leaves_the_others_timed(monkeypatch):
         assert 0 < q1 <= median <= q3
 
 
+def test_rounds_with_a_profile_time_budgets_and_carry_the_predictions():
+    from benchmark_lib import worker
+
+    everything = 2 ** 40  # plain backprop fits: the budget plan changes nothing
+    spec = protocol.RoundsSpec("resnet18", ("vanilla", "ome"), 2, 32, steps=2, warmup=0,
+                               profile=True, budgets=(everything,))
+    with worker._CpuLock(None) as lock:
+        result = worker._rounds(spec, lock)
+    label = protocol.budget_label(everything)
+    assert result["failed"] == {}
+    assert set(result["quartiles"]) == {"vanilla", "ome", label}
+    predicted = result["predicted"]
+    assert set(predicted) == {"vanilla", "ome", label}
+    assert predicted["vanilla"] == predicted[label] == 0.0 and predicted["ome"] > 0
+
+
 # ----------------------------------------------------------------------------------------
 # Workers
 # ----------------------------------------------------------------------------------------
@@ -695,6 +727,8 @@ def test_specs_and_messages_round_trip():
     rounds = protocol.RoundsSpec("resnet18", ("vanilla", "ome"), 2, 32, steps=5, warmup=1,
                                  measure_lock="/x")
     assert protocol.decode_spec(protocol.encode_spec(rounds)) == rounds
+    budgets = dataclasses.replace(rounds, profile=True, budgets=(300 * MiB, 400 * MiB))
+    assert protocol.decode_spec(protocol.encode_spec(budgets)) == budgets
     with pytest.raises(ValueError, match="not a worker spec"):
         protocol.decode_spec('{"task": "dance"}')
     record = protocol.LogRecord("baselines.lms", "INFO", "Editing model for LMS")

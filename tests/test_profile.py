@@ -1,11 +1,13 @@
 """ome.profile: a cost model measured from traced steps, and planning that uses it."""
 import dataclasses
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import ome
 from ome import errors, host
+from ome.gradients import ordered_backprop
 from tests import graphs
 
 MiB = 2 ** 20
@@ -129,6 +131,52 @@ def test_profile_measures_the_copy_an_update_makes_of_a_variable_still_read(grap
     assert free.gradient_lifetime == copied.gradient_lifetime == "update"
     assert free.update_copy(grads[0].op.name) == 0
     assert copied.update_copy(grads[0].op.name) >= 256 * 256 * 4
+
+
+def test_ordered_backprop_equals_tf_gradients_and_runs_in_order(graph):
+    case = graphs.inception_block()
+    want = tf.gradients(case.ys, case.xs)
+    got = ordered_backprop(case.ys, case.xs)
+    waits = [op for op in graph.get_operations()
+             if op.name.startswith("ordered_gradients/ome/order/")]
+    assert waits, "nothing was made to wait for the planned order"
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for g, w in zip(*sess.run([got, want], case.feed)):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_profile_times_the_enforced_order(graph):
+    case = graphs.mlp(layers=4, width=256, batch=64)
+    grads = tf.gradients(case.ys, case.xs)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        costs = ome.profile(sess, grads, case.feed, steps=1, order_of=(case.ys, case.xs),
+                            order_rounds=3)
+        plain = ome.profile(sess, grads, case.feed, steps=1)
+    assert costs.order_seconds != 0.0 and abs(costs.order_seconds) < 1.0
+    assert plain.order_seconds == 0.0
+    assert any(op.name.startswith("ome_profile/ordered_gradients/ome/order/")
+               for op in graph.get_operations())
+
+
+def test_bad_order_of_is_refused_before_anything_runs(graph):
+    case = graphs.tanh_chain(layers=3)
+    before = len(graph.get_operations())
+    with tf.compat.v1.Session() as sess:
+        with pytest.raises(errors.InvalidArgumentError, match="order_of must be a pair"):
+            ome.profile(sess, case.ys, case.feed, order_of=case.ys)
+        with pytest.raises(errors.InvalidArgumentError, match="xs is empty"):
+            ome.profile(sess, case.ys, case.feed, order_of=(case.ys, []))
+        with pytest.raises(errors.InvalidArgumentError, match="order_rounds must be >= 1"):
+            ome.profile(sess, case.ys, case.feed, order_of=(case.ys, case.xs),
+                        order_rounds=0)
+    with tf.Graph().as_default():
+        other = graphs.tanh_chain(layers=3)
+        with tf.compat.v1.Session() as sess, \
+                pytest.raises(errors.InvalidArgumentError, match="another graph"):
+            ome.profile(sess, other.ys, other.feed, order_of=(case.ys, case.xs))
+    assert len(graph.get_operations()) == before
 
 
 def test_bad_cost_model_and_steps_are_refused(graph):

@@ -259,6 +259,19 @@ def test_measured_scratch_memory_counts_while_its_op_runs_and_its_copies_run():
     assert CostModel.from_json(model.to_json()) == model
 
 
+def test_a_plan_that_changes_anything_adds_the_measured_order_cost():
+    """The rewrite chains the backward ops of any plan that changes anything, and a profile
+    measures what that costs: it is added once to such a plan's seconds, not to plain's."""
+    view = chain()
+    plain, recomputed = plan_of(view, {}), plan_of(view, {"b:0": Decision.RECOMPUTE})
+    model = CostModel(op_seconds={"b": 0.5}, order_seconds=0.25)
+    assert planner.added_seconds(view, plain, model) == 0.0
+    assert planner.added_seconds(view, recomputed, model) == 0.75
+    assert "the enforced order +0.250 s a step" in str(model)
+    assert CostModel.from_json(model.to_json()) == model
+    assert CostModel.from_dict({"bandwidth": 1e9}).order_seconds == 0.0  # older saves
+
+
 def test_only_plain_backprop_leaves_its_updates_extra_resident_bytes():
     """Plain tf.gradients runs its updates in the executor's order, which may leave
     variables in larger chunks; a rewritten step runs in the planned order and does not."""

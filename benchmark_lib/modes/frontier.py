@@ -5,16 +5,19 @@ plain step first and plans with the measured costs. The baselines run once each;
 ``ome-budget`` (the optimal planner) runs at budgets that are fractions of plain backprop's
 measured device peak. Each row holds the plan's predicted device peak and added seconds
 beside the measured ones, so the frontier also shows how well the planner predicts.
-Writes ``frontier.csv``, ``frontier.md`` and ``frontier.png`` into ``--out``
-(default ``results/frontier/``); always measures afresh.
+Then plain backprop, ``ome``, ``ome-swap`` and three of the budgets are timed again in one
+process, a step of each in turn (:data:`ROUNDS_STRATEGIES`, :data:`ROUNDS_FRACTIONS`), where
+the added seconds are measured against plain's at the same process speed and set beside
+the predicted ones. Writes ``frontier.csv``, ``frontier.md`` and ``frontier.png`` into
+``--out`` (default ``results/frontier/``); always measures afresh.
 """
 import csv
 import dataclasses
 import os
 import time
 
-from benchmark_lib import plots
-from benchmark_lib.config import ConfigError, RunKey, from_args
+from benchmark_lib import plots, protocol
+from benchmark_lib.config import ConfigError, RoundsKey, RunKey, from_args
 from benchmark_lib.environment import machine_info, now
 from benchmark_lib.modes import Mode
 from benchmark_lib.pool import Pool, WorkerFailed
@@ -28,6 +31,11 @@ BASELINES = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-speed", "om
              "ome-swap")
 #: Budgets, as fractions of plain backprop's measured device peak.
 FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+#: Timed again side by side in one process after the runs (step times of separate
+#: processes move by up to a quarter on these machines, more than a plan adds): plain
+#: backprop, these strategies and the budgets at these fractions.
+ROUNDS_STRATEGIES = ("vanilla", "ome", "ome-swap")
+ROUNDS_FRACTIONS = (0.65, 0.75, 0.85)
 OUT = "results/frontier"
 
 
@@ -91,8 +99,19 @@ def run(config):
             spec = dataclasses.replace(config.spec(RunKey(model, "ome-budget", batch)),
                                        budget=int(fraction * plain.device_peak_bytes))
             measure(spec, fraction)
+        budgets = {int(f * plain.device_peak_bytes): f for f in ROUNDS_FRACTIONS}
+        strategies = tuple(s for s in ROUNDS_STRATEGIES if s in config.strategies)
+        console.say(f"timing {', '.join(strategies)} and the budgets "
+                    f"{', '.join(f'{f:.2f}' for f in ROUNDS_FRACTIONS)} in one process, "
+                    f"{config.steps} rounds")
+        spec = dataclasses.replace(config.rounds_spec(RoundsKey(model, batch, strategies)),
+                                   profile=True, budgets=tuple(budgets))
+        try:
+            rounds = pool.call(spec, timeout=config.timeout * (len(strategies) + len(budgets)))
+        except WorkerFailed as exc:
+            rounds = {"quartiles": {}, "predicted": {}, "failed": {"rounds": str(exc)}}
     os.makedirs(config.out, exist_ok=True)
-    lines = table(points, plain)
+    lines = table(points, plain) + [""] + rounds_table(rounds, strategies, budgets, config.steps)
     _write(config, points, lines)
     print("\n".join(lines))
     console.say(f"done in {format_duration(time.monotonic() - began)}; wrote frontier.csv, "
@@ -120,6 +139,34 @@ def table(points, plain):
             f"{row.step_time_s / plain.step_time_s:.2f} | "
             f"{row.step_time_s - plain.step_time_s:+.3f} | "
             f"{_seconds(row.predicted_added_s)} |")
+    return lines
+
+
+def rounds_table(rounds, strategies, budgets, steps):
+    """The Markdown table of the rounds: each run's median step, the seconds it adds to
+    plain backprop's in the same process, and the plan's prediction of them."""
+    lines = [f"Timed side by side in one process (a step of each in turn, medians of {steps} "
+             "rounds; predicted from that process's profile):", "",
+             "| run | step s | IQR | added s | predicted added s | predicted / measured |",
+             "|---|---|---|---|---|---|"]
+    quartiles, predicted = rounds["quartiles"], rounds["predicted"]
+    labels = {s: s for s in strategies}
+    labels.update({protocol.budget_label(b): f"budget {f:.2f}" for b, f in budgets.items()})
+    plain = quartiles.get("vanilla")
+    for key, label in labels.items():
+        if key not in quartiles:
+            lines.append(f"| {label} | {rounds['failed'].get(key, 'not timed')[:120]} | | | | |")
+            continue
+        q1, median, q3 = quartiles[key]
+        added = None if plain is None else median - plain[1]
+        guess = predicted.get(key)
+        ratio = "-" if added is None or guess is None or key == "vanilla" else \
+            f"{guess / added:.2f}" if added > 0 else "measured no added time"
+        lines.append(f"| {label} | {median:.3f} | {(q3 - q1) / median:.0%} | "
+                     f"{_seconds(added)} | {_seconds(guess)} | {ratio} |")
+    for key, reason in rounds["failed"].items():
+        if key not in labels:
+            lines.append(f"| {key} | {reason[:120]} | | | | |")
     return lines
 
 
