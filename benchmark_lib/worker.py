@@ -177,22 +177,30 @@ def _strategy_gradients(strategy, made, **offered):
 
 
 def _profile(spec, lock):
-    """The cost model of ``spec``'s plain training step (``ome.profile``, the enforced
-    order's cost included), measured while holding ``lock`` alone, so no other worker runs
-    meanwhile."""
+    """The cost model of ``spec``'s plain training step (``ome.profile``), the enforced
+    order's cost included (the step built again with ``ordered_backprop``, timed beside
+    it), measured while holding ``lock`` alone, so no other worker runs meanwhile."""
     import tensorflow as tf
     import models
     import ome
     from ome import host
+    from ome.gradients import ordered_backprop
 
+    def session_of(step, graph):
+        session = tf.compat.v1.Session(graph=graph, config=host.session_config())
+        session.run(step.init_op)
+        return session
+
+    with tf.Graph().as_default() as ordered_graph:
+        ordered = models.build_train_step(spec.model, spec.batch_size, spec.image_size,
+                                          gradients=ordered_backprop)
     with tf.Graph().as_default() as graph:
         step = models.build_train_step(spec.model, spec.batch_size, spec.image_size)
-        with lock.exclusive(), \
-                tf.compat.v1.Session(graph=graph, config=host.session_config()) as session:
-            session.run(step.init_op)
-            return ome.profile(session, step.train_op, step.feed_dict,
-                               host_device=host.default_host_device(),
-                               order_of=(step.loss, list(step.variables)))
+    with lock.exclusive(), session_of(step, graph) as session, \
+            session_of(ordered, ordered_graph) as ordered_session:
+        return ome.profile(session, step.train_op, step.feed_dict,
+                           host_device=host.default_host_device(),
+                           ordered=(ordered_session, ordered.train_op, ordered.feed_dict))
 
 
 def _rounds(spec, lock):

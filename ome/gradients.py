@@ -476,10 +476,11 @@ def _apply(chosen, view, graph, scope):
     return rewrite.apply(chosen, view, graph, real_copy=real_copy, scope=scope + "/ome")
 
 
-def ordered_backprop(ys, xs, *, name="ordered_gradients"):
+def ordered_backprop(ys, xs, *, name="gradients"):
     """``tf.gradients(ys, xs)`` with its backward ops run in the order a rewrite enforces,
-    nothing recomputed or swapped: the step :func:`ome.profile` times against plain
-    backprop to measure what the order itself costs."""
+    nothing recomputed or swapped: a step built with it in place of ``tf.gradients`` is
+    what :func:`ome.profile` (``ordered=``) times against the plain step to measure what
+    the order itself costs."""
     ys, xs, grad_ys = validate_inputs(ys, xs, None)
     graph = ys[0].graph
     scope = graph.unique_name(name)

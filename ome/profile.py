@@ -19,7 +19,6 @@ import tensorflow as tf
 from ome import host
 from ome.costs import CostModel
 from ome.errors import InvalidArgumentError
-from ome.gradients import ordered_backprop, validate_inputs
 from ome.measure import _check_count, _memory_stats, _run, _short_device, _stats_device
 
 # Scratch below this is allocator rounding, not a workspace worth planning around.
@@ -27,7 +26,7 @@ MIN_SCRATCH_BYTES = 64 * 1024
 
 
 def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_device=None,
-            order_of=None, order_rounds=5):
+            ordered=None, order_rounds=5):
     """Measure the cost model of the step ``session.run(fetches, feed_dict)``.
 
     Parameters
@@ -40,11 +39,11 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     host_device : when given, the host link's bandwidth and the share of a transfer
         hidden beside compute are measured too (:func:`ome.host.measure_bandwidth`,
         :func:`ome.host.measure_overlap`); else the defaults stay.
-    order_of : ``(ys, xs)`` of the step's backward pass (its loss and variables): then
-        ``order_seconds``, what the order a rewrite enforces costs, is measured too. Plain
-        ``tf.gradients(ys, xs)`` and the same run in that order
-        (:func:`ome.gradients.ordered_backprop`) are added to the graph under the scope
-        ``ome_profile`` and timed in turn, ``order_rounds`` rounds of each after a warm-up;
+    ordered : ``(session, fetches, feed_dict)`` of the same step built with its backward
+        pass in the order a rewrite enforces (:func:`ome.ordered_backprop` in
+        place of ``tf.gradients``), in a graph and session of its own: then
+        ``order_seconds``, what that order costs a step, is measured too. The two steps
+        are timed in turn, ``order_rounds`` rounds of each after a warm-up step of each;
         ``order_seconds`` is the difference of their medians.
 
     Returns
@@ -64,9 +63,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         copied because a kernel still read it; the most of the steps).
     """
     steps = _check_count("steps", steps, minimum=1)
-    if order_of is not None:
+    if ordered is not None:
         order_rounds = _check_count("order_rounds", order_rounds, minimum=1)
-        order_of = _order_inputs(session.graph, order_of)
+        ordered = _ordered_step(session, ordered)
     stats_device = _stats_device(device)
     _memory_stats(stats_device)
     _run(session, fetches, feed_dict, phase="warm-up")
@@ -109,8 +108,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         copies = {producer: max(most.get(r, 0) for r in readers)
                   for producer, readers in updates.items()}
         extra["update_copies"] = {op: n for op, n in copies.items() if n >= MIN_SCRATCH_BYTES}
-    if order_of is not None:
-        extra["order_seconds"] = _order_seconds(session, order_of, feed_dict, order_rounds)
+    if ordered is not None:
+        extra["order_seconds"] = _order_seconds((session, fetches, feed_dict), ordered,
+                                                order_rounds)
     scratched = [node for node, size in most.items() if size >= MIN_SCRATCH_BYTES]
     return CostModel(
         op_seconds={node: statistics.median(times) for node, times in seconds.items()},
@@ -122,35 +122,32 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         source=f"profiled on {stats_device}, median of {steps} traced steps", **extra)
 
 
-def _order_inputs(graph, order_of):
-    """``order_of`` validated as ``(ys, xs)`` lists of the profiled graph's tensors."""
+def _ordered_step(session, ordered):
+    """``ordered`` validated as ``(session, fetches, feed_dict)`` of another session."""
     try:
-        ys, xs = order_of
+        other, fetches, feed_dict = ordered
     except (TypeError, ValueError):
         raise InvalidArgumentError(
-            f"order_of must be a pair (ys, xs), got {order_of!r}") from None
-    ys, xs, _ = validate_inputs(ys, xs, None)
-    if ys[0].graph is not graph:
+            f"ordered must be a triple (session, fetches, feed_dict), got {ordered!r}") from None
+    if not isinstance(other, tf.compat.v1.Session) or other is session:
         raise InvalidArgumentError(
-            f"order_of's ys ({ys[0].name}) belong to another graph than the profiled session's")
-    return ys, xs
+            "ordered's session must be a tf.compat.v1.Session of its own, running the step "
+            "built with ome.ordered_backprop")
+    return other, fetches, feed_dict
 
 
-def _order_seconds(session, order_of, feed_dict, rounds):
-    """Median seconds of the backward pass of ``order_of`` run in the rewrite's order, less
-    those of plain ``tf.gradients``, timed in turn (ABBA, so drift favours neither)."""
-    ys, xs = order_of
-    with session.graph.as_default(), tf.name_scope("ome_profile"):
-        plain = [g for g in tf.gradients(ys, xs) if g is not None]
-        ordered = [g for g in ordered_backprop(ys, xs) if g is not None]
+def _order_seconds(plain, ordered, rounds):
+    """Median seconds of the ``ordered`` step less those of the ``plain`` one, each a
+    ``(session, fetches, feed_dict)``, timed in turn (ABBA, so drift favours neither)."""
+    steps = {"plain": plain, "ordered": ordered}
     times = {"plain": [], "ordered": []}
-    fetches = {"plain": plain, "ordered": ordered}
-    for name in fetches:
-        _run(session, fetches[name], feed_dict, phase=f"{name} backprop warm-up")
+    for name, (session, fetches, feed_dict) in steps.items():
+        _run(session, fetches, feed_dict, phase=f"{name} warm-up")
     for i in range(rounds):
         for name in ("plain", "ordered") if i % 2 == 0 else ("ordered", "plain"):
+            session, fetches, feed_dict = steps[name]
             start = time.perf_counter()
-            _run(session, fetches[name], feed_dict, phase=f"{name} backprop")
+            _run(session, fetches, feed_dict, phase=f"{name} timed")
             times[name].append(time.perf_counter() - start)
     return statistics.median(times["ordered"]) - statistics.median(times["plain"])
 

@@ -136,9 +136,8 @@ def test_profile_measures_the_copy_an_update_makes_of_a_variable_still_read(grap
 def test_ordered_backprop_equals_tf_gradients_and_runs_in_order(graph):
     case = graphs.inception_block()
     want = tf.gradients(case.ys, case.xs)
-    got = ordered_backprop(case.ys, case.xs)
-    waits = [op for op in graph.get_operations()
-             if op.name.startswith("ordered_gradients/ome/order/")]
+    got = ordered_backprop(case.ys, case.xs, name="ordered")
+    waits = [op for op in graph.get_operations() if op.name.startswith("ordered/ome/order/")]
     assert waits, "nothing was made to wait for the planned order"
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -146,37 +145,36 @@ def test_ordered_backprop_equals_tf_gradients_and_runs_in_order(graph):
             np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
-def test_profile_times_the_enforced_order(graph):
-    case = graphs.mlp(layers=4, width=256, batch=64)
-    grads = tf.gradients(case.ys, case.xs)
-    with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        costs = ome.profile(sess, grads, case.feed, steps=1, order_of=(case.ys, case.xs),
-                            order_rounds=3)
-        plain = ome.profile(sess, grads, case.feed, steps=1)
+def _mlp_step(gradients):
+    """An MLP's gradients built by ``gradients`` in a graph and session of their own."""
+    graph = tf.Graph()
+    with graph.as_default():
+        case = graphs.mlp(layers=4, width=256, batch=64)
+        grads = gradients(case.ys, case.xs)
+        session = tf.compat.v1.Session(graph=graph)
+        session.run(tf.compat.v1.global_variables_initializer())
+    return session, grads, case.feed
+
+
+def test_profile_times_the_enforced_order():
+    plain, ordered = _mlp_step(tf.gradients), _mlp_step(ordered_backprop)
+    with plain[0], ordered[0]:
+        costs = ome.profile(*plain, steps=1, ordered=ordered, order_rounds=3)
+        unordered = ome.profile(*plain, steps=1)
     assert costs.order_seconds != 0.0 and abs(costs.order_seconds) < 1.0
-    assert plain.order_seconds == 0.0
-    assert any(op.name.startswith("ome_profile/ordered_gradients/ome/order/")
-               for op in graph.get_operations())
+    assert unordered.order_seconds == 0.0
 
 
-def test_bad_order_of_is_refused_before_anything_runs(graph):
+def test_a_bad_ordered_step_is_refused_before_anything_runs(graph):
     case = graphs.tanh_chain(layers=3)
-    before = len(graph.get_operations())
     with tf.compat.v1.Session() as sess:
-        with pytest.raises(errors.InvalidArgumentError, match="order_of must be a pair"):
-            ome.profile(sess, case.ys, case.feed, order_of=case.ys)
-        with pytest.raises(errors.InvalidArgumentError, match="xs is empty"):
-            ome.profile(sess, case.ys, case.feed, order_of=(case.ys, []))
+        with pytest.raises(errors.InvalidArgumentError, match="ordered must be a triple"):
+            ome.profile(sess, case.ys, case.feed, ordered=case.ys)
+        with pytest.raises(errors.InvalidArgumentError, match="Session of its own"):
+            ome.profile(sess, case.ys, case.feed, ordered=(sess, case.ys, case.feed))
         with pytest.raises(errors.InvalidArgumentError, match="order_rounds must be >= 1"):
-            ome.profile(sess, case.ys, case.feed, order_of=(case.ys, case.xs),
+            ome.profile(sess, case.ys, case.feed, ordered=(None, case.ys, case.feed),
                         order_rounds=0)
-    with tf.Graph().as_default():
-        other = graphs.tanh_chain(layers=3)
-        with tf.compat.v1.Session() as sess, \
-                pytest.raises(errors.InvalidArgumentError, match="another graph"):
-            ome.profile(sess, other.ys, other.feed, order_of=(case.ys, case.xs))
-    assert len(graph.get_operations()) == before
 
 
 def test_bad_cost_model_and_steps_are_refused(graph):
