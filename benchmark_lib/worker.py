@@ -196,11 +196,14 @@ def _profile(spec, lock):
                                           gradients=ordered_backprop)
     with tf.Graph().as_default() as graph:
         step = models.build_train_step(spec.model, spec.batch_size, spec.image_size)
-    with lock.exclusive(), session_of(step, graph) as session, \
-            session_of(ordered, ordered_graph) as ordered_session:
-        return ome.profile(session, step.train_op, step.feed_dict,
-                           host_device=host.default_host_device(),
-                           ordered=(ordered_session, ordered.train_op, ordered.feed_dict))
+    with lock.exclusive(), session_of(step, graph) as session:
+        costs = ome.profile(session, step.train_op, step.feed_dict,
+                            host_device=host.default_host_device())
+        # after the profile: the ordered session's variables are not the plain step's
+        with session_of(ordered, ordered_graph) as ordered_session:
+            return ome.profile_order(
+                costs, (session, step.train_op, step.feed_dict),
+                (ordered_session, ordered.train_op, ordered.feed_dict))
 
 
 def _rounds(spec, lock):

@@ -19,7 +19,8 @@ from ome import errors
 #: Public name -> the module of ome that defines it.
 _EXPORTS = {
     "apply_plan": "gradients", "capture_view": "gradients", "gradients": "gradients",
-    "plan": "gradients", "ordered_backprop": "gradients", "patch": "patch", "profile": "profile", "GradientTape": "tape",
+    "plan": "gradients", "ordered_backprop": "gradients", "patch": "patch",
+    "profile": "profile", "profile_order": "profile", "GradientTape": "tape",
     "CostModel": "costs", "Decision": "plans", "Plan": "plans", "explain": "plans",
 }
 

@@ -61,7 +61,7 @@ class CostModel:
     run in the executor's order and may copy a variable into a chunk up to twice its
     size; a rewritten step runs its backward ops in the planned order and copies none.
     ``order_seconds``: what running the backward ops in the rewrite's enforced order adds
-    to a step, nothing recomputed or swapped (``ome.profile(..., ordered=)`` times it:
+    to a step, nothing recomputed or swapped (``ome.profile_order`` times it:
     the executor can no longer run two ready kernels at once); 0 when not measured.
     """
 

@@ -74,8 +74,7 @@ def _graph_tensor(value, what):
     return value
 
 
-def validate_inputs(ys, xs, grad_ys):
-    """``ys``, ``xs`` and ``grad_ys`` as lists of one graph's tensors, or a clear error."""
+def _validate_inputs(ys, xs, grad_ys):
     ys = [_graph_tensor(y, "ys entry") for y in _as_list(ys)]
     xs = [_graph_tensor(x, "xs entry") for x in _as_list(xs)]
     if not ys:
@@ -338,7 +337,7 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
 def capture_view(ys, xs, grad_ys=None, *, batch_size=None):
     """The :class:`ome.graphview.GraphView` of ``tf.gradients(ys, xs, grad_ys)``, captured
     from a copy of the graph (the graph itself is never touched): what every policy reads."""
-    ys, xs, grad_ys = validate_inputs(ys, xs, grad_ys)
+    ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     scope = ys[0].graph.unique_name("gradients", False)
     return _scratch_view(ys, xs, grad_ys, scope, batch_size, {})[1]
 
@@ -371,7 +370,7 @@ def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None,
          hold_gradients=True, wait_for_leaves=None):
     """The :class:`Plan` ``ome.gradients`` would follow, computed on a copy of the graph
     (the graph itself is never touched)."""
-    ys, xs, grad_ys = validate_inputs(ys, xs, grad_ys)
+    ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
                        swap_ahead, cost_model, hold_gradients, wait_for_leaves)
     if _calls_functions(capture_mod.upstream_ops(ys)):
@@ -442,7 +441,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     start = time.perf_counter()
     tf_options = _tf_options(gate_gradients, aggregation_method, stop_gradients,
                              unconnected_gradients, colocate_gradients_with_ops)
-    ys, xs, grad_ys = validate_inputs(ys, xs, grad_ys)
+    ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
                        swap_ahead, cost_model, hold_gradients, wait_for_leaves)
     graph = ys[0].graph
@@ -479,9 +478,9 @@ def _apply(chosen, view, graph, scope):
 def ordered_backprop(ys, xs, *, name="gradients"):
     """``tf.gradients(ys, xs)`` with its backward ops run in the order a rewrite enforces,
     nothing recomputed or swapped: a step built with it in place of ``tf.gradients`` is
-    what :func:`ome.profile` (``ordered=``) times against the plain step to measure what
-    the order itself costs."""
-    ys, xs, grad_ys = validate_inputs(ys, xs, None)
+    what :func:`ome.profile_order` times against the plain step to measure what the order
+    itself costs."""
+    ys, xs, grad_ys = _validate_inputs(ys, xs, None)
     graph = ys[0].graph
     scope = graph.unique_name(name)
     grads, view, _ = _build_and_capture(ys, xs, grad_ys, scope, None, {})
@@ -497,7 +496,7 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None
     graph lacks (graph unchanged)."""
     if not isinstance(saved, Plan):
         raise errors.InvalidTypeError(f"plan must be an ome.Plan, got {type(saved).__name__}")
-    ys, xs, grad_ys = validate_inputs(ys, xs, grad_ys)
+    ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     graph = ys[0].graph
     for t in saved.tensors:
         try:

@@ -11,6 +11,7 @@ pass under the same ``gradients`` name scope as ``tf.gradients``.
 """
 import bisect
 import collections
+import dataclasses
 import statistics
 import time
 
@@ -25,8 +26,7 @@ from ome.measure import _check_count, _memory_stats, _run, _short_device, _stats
 MIN_SCRATCH_BYTES = 64 * 1024
 
 
-def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_device=None,
-            ordered=None, order_rounds=5):
+def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_device=None):
     """Measure the cost model of the step ``session.run(fetches, feed_dict)``.
 
     Parameters
@@ -39,13 +39,6 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     host_device : when given, the host link's bandwidth and the share of a transfer
         hidden beside compute are measured too (:func:`ome.host.measure_bandwidth`,
         :func:`ome.host.measure_overlap`); else the defaults stay.
-    ordered : ``(session, fetches, feed_dict)`` of the same step built with its backward
-        pass in the order a rewrite enforces (:func:`ome.ordered_backprop` in
-        place of ``tf.gradients``), in a graph and session of its own: then
-        ``order_seconds``, what that order costs a step, is measured too. The two steps
-        are timed in turn, ``order_rounds`` rounds of each after a warm-up step of each;
-        ``order_seconds`` is the difference of their medians.
-
     Returns
     -------
     CostModel
@@ -63,9 +56,6 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         copied because a kernel still read it; the most of the steps).
     """
     steps = _check_count("steps", steps, minimum=1)
-    if ordered is not None:
-        order_rounds = _check_count("order_rounds", order_rounds, minimum=1)
-        ordered = _ordered_step(session, ordered)
     stats_device = _stats_device(device)
     _memory_stats(stats_device)
     _run(session, fetches, feed_dict, phase="warm-up")
@@ -108,9 +98,6 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         copies = {producer: max(most.get(r, 0) for r in readers)
                   for producer, readers in updates.items()}
         extra["update_copies"] = {op: n for op, n in copies.items() if n >= MIN_SCRATCH_BYTES}
-    if ordered is not None:
-        extra["order_seconds"] = _order_seconds((session, fetches, feed_dict), ordered,
-                                                order_rounds)
     scratched = [node for node, size in most.items() if size >= MIN_SCRATCH_BYTES]
     return CostModel(
         op_seconds={node: statistics.median(times) for node, times in seconds.items()},
@@ -122,24 +109,26 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         source=f"profiled on {stats_device}, median of {steps} traced steps", **extra)
 
 
-def _ordered_step(session, ordered):
-    """``ordered`` validated as ``(session, fetches, feed_dict)`` of another session."""
-    try:
-        other, fetches, feed_dict = ordered
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(
-            f"ordered must be a triple (session, fetches, feed_dict), got {ordered!r}") from None
-    if not isinstance(other, tf.compat.v1.Session) or other is session:
-        raise InvalidArgumentError(
-            "ordered's session must be a tf.compat.v1.Session of its own, running the step "
-            "built with ome.ordered_backprop")
-    return other, fetches, feed_dict
+def profile_order(costs, plain, ordered, *, rounds=5):
+    """``costs`` with ``order_seconds`` measured: what running backprop in the order a
+    rewrite enforces costs a step.
 
-
-def _order_seconds(plain, ordered, rounds):
-    """Median seconds of the ``ordered`` step less those of the ``plain`` one, each a
-    ``(session, fetches, feed_dict)``, timed in turn (ABBA, so drift favours neither)."""
-    steps = {"plain": plain, "ordered": ordered}
+    ``plain`` and ``ordered`` are ``(session, fetches, feed_dict)`` of the same training
+    step, built with ``tf.gradients`` and with :func:`ome.ordered_backprop` in its place,
+    each in a graph and session of its own. They are timed in turn, ``rounds`` rounds of
+    each (ABBA, so drift favours neither) after a warm-up step of each; ``order_seconds``
+    is the difference of their medians. Call it after :func:`profile`: the ordered
+    session's variables would count as the plain step's resident bytes.
+    """
+    rounds = _check_count("rounds", rounds, minimum=1)
+    if not isinstance(costs, CostModel):
+        raise InvalidArgumentError(
+            f"costs must be an ome.CostModel (from ome.profile), got {type(costs).__name__}")
+    steps = {"plain": _step(plain, "plain"), "ordered": _step(ordered, "ordered")}
+    if steps["plain"][0] is steps["ordered"][0]:
+        raise InvalidArgumentError(
+            "plain and ordered run in one session: build the ordered step (with "
+            "ome.ordered_backprop) in a graph and session of its own")
     times = {"plain": [], "ordered": []}
     for name, (session, fetches, feed_dict) in steps.items():
         _run(session, fetches, feed_dict, phase=f"{name} warm-up")
@@ -149,7 +138,21 @@ def _order_seconds(plain, ordered, rounds):
             start = time.perf_counter()
             _run(session, fetches, feed_dict, phase=f"{name} timed")
             times[name].append(time.perf_counter() - start)
-    return statistics.median(times["ordered"]) - statistics.median(times["plain"])
+    seconds = statistics.median(times["ordered"]) - statistics.median(times["plain"])
+    return dataclasses.replace(costs, order_seconds=seconds)
+
+
+def _step(step, what):
+    """``step`` validated as ``(session, fetches, feed_dict)``."""
+    try:
+        session, fetches, feed_dict = step
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"{what} must be a triple (session, fetches, feed_dict), got {step!r}") from None
+    if not isinstance(session, tf.compat.v1.Session):
+        raise InvalidArgumentError(
+            f"{what}'s session must be a tf.compat.v1.Session, got {type(session).__name__}")
+    return session, fetches, feed_dict
 
 
 def _device_nodes(run_metadata, stats_device):

@@ -156,25 +156,31 @@ def _mlp_step(gradients):
     return session, grads, case.feed
 
 
-def test_profile_times_the_enforced_order():
+def test_profile_order_times_the_enforced_order():
     plain, ordered = _mlp_step(tf.gradients), _mlp_step(ordered_backprop)
     with plain[0], ordered[0]:
-        costs = ome.profile(*plain, steps=1, ordered=ordered, order_rounds=3)
-        unordered = ome.profile(*plain, steps=1)
-    assert costs.order_seconds != 0.0 and abs(costs.order_seconds) < 1.0
-    assert unordered.order_seconds == 0.0
+        costs = ome.profile(*plain, steps=1)
+        timed = ome.profile_order(costs, plain, ordered, rounds=3)
+    assert costs.order_seconds == 0.0
+    assert timed.order_seconds != 0.0 and abs(timed.order_seconds) < 1.0
+    assert dataclasses.replace(timed, order_seconds=0.0) == costs
 
 
 def test_a_bad_ordered_step_is_refused_before_anything_runs(graph):
     case = graphs.tanh_chain(layers=3)
+    costs = ome.CostModel(op_seconds={"a": 1e-3})
     with tf.compat.v1.Session() as sess:
+        plain = (sess, case.ys, case.feed)
         with pytest.raises(errors.InvalidArgumentError, match="ordered must be a triple"):
-            ome.profile(sess, case.ys, case.feed, ordered=case.ys)
-        with pytest.raises(errors.InvalidArgumentError, match="Session of its own"):
-            ome.profile(sess, case.ys, case.feed, ordered=(sess, case.ys, case.feed))
-        with pytest.raises(errors.InvalidArgumentError, match="order_rounds must be >= 1"):
-            ome.profile(sess, case.ys, case.feed, ordered=(None, case.ys, case.feed),
-                        order_rounds=0)
+            ome.profile_order(costs, plain, case.ys)
+        with pytest.raises(errors.InvalidArgumentError, match="graph and session of its own"):
+            ome.profile_order(costs, plain, plain)
+        with pytest.raises(errors.InvalidArgumentError, match="must be a tf.compat.v1.Session"):
+            ome.profile_order(costs, plain, (None, case.ys, case.feed))
+        with pytest.raises(errors.InvalidArgumentError, match="costs must be an ome.CostModel"):
+            ome.profile_order({}, plain, plain)
+        with pytest.raises(errors.InvalidArgumentError, match="rounds must be >= 1"):
+            ome.profile_order(costs, plain, plain, rounds=0)
 
 
 def test_bad_cost_model_and_steps_are_refused(graph):
