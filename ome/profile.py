@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from ome import host
 from ome.costs import CostModel
-from ome.errors import InvalidArgumentError
+from ome.errors import InvalidArgumentError, InvalidTypeError
 from ome.measure import _check_count, _memory_stats, _run, _short_device, _stats_device
 
 # Scratch below this is allocator rounding, not a workspace worth planning around.
@@ -126,7 +126,7 @@ def profile_order(costs, plain, ordered, *, rounds=15):
     """
     rounds = _check_count("rounds", rounds, minimum=1)
     if not isinstance(costs, CostModel):
-        raise InvalidArgumentError(
+        raise InvalidTypeError(
             f"costs must be an ome.CostModel (from ome.profile), got {type(costs).__name__}")
     steps = {"plain": _step(plain, "plain"), "ordered": _step(ordered, "ordered")}
     if steps["plain"][0] is steps["ordered"][0]:
@@ -154,7 +154,7 @@ def _step(step, what):
         raise InvalidArgumentError(
             f"{what} must be a triple (session, fetches, feed_dict), got {step!r}") from None
     if not isinstance(session, tf.compat.v1.Session):
-        raise InvalidArgumentError(
+        raise InvalidTypeError(
             f"{what}'s session must be a tf.compat.v1.Session, got {type(session).__name__}")
     return session, fetches, feed_dict
 

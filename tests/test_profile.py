@@ -166,7 +166,7 @@ def test_profile_order_times_the_enforced_order():
     assert dataclasses.replace(timed, order_seconds=0.0) == costs
 
 
-def test_a_bad_ordered_step_is_refused_before_anything_runs(graph):
+def test_profile_order_refuses_bad_steps_and_costs(graph):
     case = graphs.tanh_chain(layers=3)
     costs = ome.CostModel(op_seconds={"a": 1e-3})
     with tf.compat.v1.Session() as sess:
@@ -175,9 +175,9 @@ def test_a_bad_ordered_step_is_refused_before_anything_runs(graph):
             ome.profile_order(costs, plain, case.ys)
         with pytest.raises(errors.InvalidArgumentError, match="graph and session of its own"):
             ome.profile_order(costs, plain, plain)
-        with pytest.raises(errors.InvalidArgumentError, match="must be a tf.compat.v1.Session"):
+        with pytest.raises(errors.InvalidTypeError, match="must be a tf.compat.v1.Session"):
             ome.profile_order(costs, plain, (None, case.ys, case.feed))
-        with pytest.raises(errors.InvalidArgumentError, match="costs must be an ome.CostModel"):
+        with pytest.raises(errors.InvalidTypeError, match="costs must be an ome.CostModel"):
             ome.profile_order({}, plain, plain)
         with pytest.raises(errors.InvalidArgumentError, match="rounds must be >= 1"):
             ome.profile_order(costs, plain, plain, rounds=0)
