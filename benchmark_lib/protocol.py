@@ -11,8 +11,8 @@ import math
 from typing import Mapping, NamedTuple, Optional, Tuple
 
 __all__ = ["RESULT_PREFIX", "LOG_PREFIX", "RunSpec", "ParamsSpec", "LogRecord", "encode_spec",
-           "decode_spec", "budget_label", "result_line", "parse_result", "log_line", "parse_log", "is_echoed",
-           "json_safe"]
+           "decode_spec", "budget_label", "result_line", "parse_result", "log_line",
+           "parse_log", "is_echoed", "json_safe"]
 
 RESULT_PREFIX = "@@ome-bench-result "
 LOG_PREFIX = "@@ome-bench-log "

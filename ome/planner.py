@@ -167,7 +167,8 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     if limit <= 0:
         raise errors.BudgetError(
             f"cannot fit in {format_bytes(budget)}: the variables and optimizer state alone "
-            f"take {format_bytes(static_bytes)} and {headroom(model):.0%} of the budget is left free")
+            f"take {format_bytes(static_bytes)} and {headroom(model):.0%} of the budget is "
+            "left free")
     try:
         plan = optimal.optimal(view, limit=limit, model=model, pins=pins,
                                host_device=host_device)

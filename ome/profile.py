@@ -39,6 +39,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     host_device : when given, the host link's bandwidth and the share of a transfer
         hidden beside compute are measured too (:func:`ome.host.measure_bandwidth`,
         :func:`ome.host.measure_overlap`); else the defaults stay.
+
     Returns
     -------
     CostModel
