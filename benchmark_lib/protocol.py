@@ -11,8 +11,8 @@ import math
 from typing import Mapping, NamedTuple, Optional, Tuple
 
 __all__ = ["RESULT_PREFIX", "LOG_PREFIX", "RunSpec", "ParamsSpec", "LogRecord", "encode_spec",
-           "decode_spec", "budget_label", "result_line", "parse_result", "log_line",
-           "parse_log", "is_echoed", "json_safe"]
+           "decode_spec", "ORDERED_LABEL", "budget_label", "result_line", "parse_result",
+           "log_line", "parse_log", "is_echoed", "json_safe"]
 
 RESULT_PREFIX = "@@ome-bench-result "
 LOG_PREFIX = "@@ome-bench-log "
@@ -62,7 +62,9 @@ class RoundsSpec:
     ``--interleaved``). ``measure_lock`` as in :class:`RunSpec`, held alone for all the
     rounds. With ``profile`` the plain step is profiled first and strategies that take a
     cost model get it; ``budgets`` (bytes, with ``profile``) add ``ome-budget`` at each,
-    timed as :func:`budget_label`. The result's ``quartiles`` map each strategy timed to
+    timed as :func:`budget_label`, and the plain step built with ``ome.ordered_backprop``
+    (:data:`ORDERED_LABEL`: the rewrite's order alone, predicted to add the profile's
+    ``order_seconds``). The result's ``quartiles`` map each strategy timed to
     its step seconds' ``(q1, median, q3)``, ``predicted`` to its plan's predicted added
     seconds (with ``profile``, where the plan has one); ``failed`` maps a strategy that
     could not be built or run to why.
@@ -78,6 +80,11 @@ class RoundsSpec:
     profile: bool = False
     budgets: Tuple[int, ...] = ()
     task: str = "rounds"
+
+
+#: The name a profiled :class:`RoundsSpec` result gives the step built with
+#: ``ome.ordered_backprop``.
+ORDERED_LABEL = "ordered"
 
 
 def budget_label(budget):

@@ -216,31 +216,41 @@ def _rounds(spec, lock):
     import baselines
     import models
     from ome import host
+    from ome.gradients import ordered_backprop
     from ome.measure import quartiles
 
     costs = _profile(spec, lock) if spec.profile else None
     runs, failed, predicted = {}, {}, {}
     entries = [(strategy, strategy, None) for strategy in spec.strategies] + \
         [(protocol.budget_label(b), "ome-budget", b) for b in spec.budgets]
+    if costs is not None:
+        entries.append((protocol.ORDERED_LABEL, None, None))
     for label, strategy, budget in entries:
         made = {}
         graph = tf.Graph()
         try:
             with graph.as_default():
-                step = models.build_train_step(
-                    spec.model, spec.batch_size, spec.image_size,
-                    gradients=_strategy_gradients(strategy, made, batch_size=spec.batch_size,
-                                                  memory_budget=budget, cost_model=costs),
-                    **baselines.model_options(strategy))
+                if strategy is None:  # the order alone, what the profile's order_seconds times
+                    step = models.build_train_step(spec.model, spec.batch_size,
+                                                   spec.image_size, gradients=ordered_backprop)
+                    config, estimates = None, {"added_seconds": costs.order_seconds}
+                else:
+                    step = models.build_train_step(
+                        spec.model, spec.batch_size, spec.image_size,
+                        gradients=_strategy_gradients(strategy, made,
+                                                      batch_size=spec.batch_size,
+                                                      memory_budget=budget, cost_model=costs),
+                        **baselines.model_options(strategy))
+                    config = made["built"].config
+                    estimates = (made["built"].info or {}).get("estimates") or {}
                 session = tf.compat.v1.Session(  # pylint: disable=consider-using-with
-                    graph=graph, config=host.session_config(made["built"].config))
+                    graph=graph, config=host.session_config(config))
                 session.run(step.init_op)
         except Exception as exc:  # pylint: disable=broad-except  # one failure, not the rounds'
             logging.getLogger("benchmark").warning("%s failed to build", label, exc_info=True)
             failed[label] = _first_lines(exc)
             continue
         runs[label] = (session, step)
-        estimates = (made["built"].info or {}).get("estimates") or {}
         if costs is not None and "added_seconds" in estimates:
             predicted[label] = estimates["added_seconds"]
     times = {strategy: [] for strategy in runs}

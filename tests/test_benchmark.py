@@ -477,16 +477,21 @@ def test_frontier_rounds_table_sets_predicted_beside_measured_added_seconds():
     budgets = {300 * MiB: 0.6, 350 * MiB: 0.7, 400 * MiB: 0.8}
     label = protocol.budget_label
     rounds = {"quartiles": {"vanilla": (0.95, 1.0, 1.05), "ome": (1.2, 1.25, 1.3),
-                            label(300 * MiB): (1.1, 1.2, 1.2), label(400 * MiB): (0.9, 0.98, 1.0)},
-              "predicted": {"ome": 0.3, label(300 * MiB): 0.16, label(400 * MiB): 0.05},
+                            label(300 * MiB): (1.1, 1.2, 1.2), label(400 * MiB): (0.9, 0.98, 1.0),
+                            protocol.ORDERED_LABEL: (1.05, 1.1, 1.15)},
+              "predicted": {"ome": 0.3, label(300 * MiB): 0.16, label(400 * MiB): 0.05,
+                            protocol.ORDERED_LABEL: 0.04},
               "failed": {label(350 * MiB): "BudgetError: cannot fit"}}
-    lines = frontier.rounds_table(rounds, ("vanilla", "ome"), budgets, 5)
-    assert "medians of 5 rounds" in lines[0]
-    assert lines[4] == "| vanilla | 1.000 | 10% | +0.000 | - | - |"
-    assert lines[5] == "| ome | 1.250 | 8% | +0.250 | +0.300 | 1.20 |"
-    assert lines[6] == "| budget 0.60 | 1.200 | 8% | +0.200 | +0.160 | 0.80 |"
-    assert lines[7] == "| budget 0.70 | BudgetError: cannot fit | | | | |"
-    assert lines[8] == "| budget 0.80 | 0.980 | 10% | -0.020 | +0.050 | measured no added time |"
+    lines = frontier.rounds_table(rounds, ("vanilla", "ome"), budgets, 15)
+    assert "medians of 15 rounds" in lines[0]
+    assert lines[4] == "| vanilla | 1.000 | 10% | +0.000 | - | - | - | - |"
+    # beyond the order: 0.25 - 0.10 measured, 0.30 - 0.04 predicted
+    assert lines[5] == "| ome | 1.250 | 8% | +0.250 | +0.300 | 1.20 | +0.150 | +0.260 |"
+    assert lines[6] == "| budget 0.60 | 1.200 | 8% | +0.200 | +0.160 | 0.80 | +0.100 | +0.120 |"
+    assert lines[7] == "| budget 0.70 | BudgetError: cannot fit | | | | | | |"
+    assert lines[8] == ("| budget 0.80 | 0.980 | 10% | -0.020 | +0.050 | measured no added time | "
+                        "-0.120 | +0.010 |")
+    assert lines[9] == "| ordered | 1.100 | 9% | +0.100 | +0.040 | 0.40 | - | - |"
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -708,12 +713,15 @@ def test_rounds_with_a_profile_time_budgets_and_carry_the_predictions():
                                profile=True, budgets=(everything,))
     with worker._CpuLock(None) as lock:
         result = worker._rounds(spec, lock)
-    label = protocol.budget_label(everything)
+    label, ordered = protocol.budget_label(everything), protocol.ORDERED_LABEL
     assert result["failed"] == {}
-    assert set(result["quartiles"]) == {"vanilla", "ome", label}
+    assert set(result["quartiles"]) == {"vanilla", "ome", label, ordered}
     predicted = result["predicted"]
-    assert set(predicted) == {"vanilla", "ome", label}
+    assert set(predicted) == {"vanilla", "ome", label, ordered}
     assert predicted["vanilla"] == predicted[label] == 0.0 and predicted["ome"] > 0
+    # the order alone is predicted to add what the profile timed it to add, which the
+    # plan's prediction includes
+    assert predicted[ordered] != 0.0 and predicted["ome"] > predicted[ordered]
 
 
 # ----------------------------------------------------------------------------------------
