@@ -21,6 +21,7 @@ ome                    ``ome.gradients`` (checkpoints="auto")
 ome-swap               ``ome.gradients(swap="auto")``
 ome-speed              ``ome.gradients(checkpoints="speed")``
 ome-optimal            ``ome.gradients(checkpoints="optimal")`` (the MILP planner)
+ome-optimal-swap       ``ome.gradients(checkpoints="optimal", swap="auto")`` (with the host)
 ome-budget             ``ome.gradients(memory_budget=...)``
 =====================  ====================================================================
 """
@@ -30,8 +31,9 @@ from typing import Callable, Dict
 import ome
 from ome import errors
 
-from baselines.checkpointing import (ome_budget, ome_default, ome_optimal, ome_speed, ome_swap,
-                                     openai, openai_collection, openai_memory, openai_speed)
+from baselines.checkpointing import (ome_budget, ome_default, ome_optimal, ome_optimal_swap,
+                                     ome_speed, ome_swap, openai, openai_collection,
+                                     openai_memory, openai_speed)
 from baselines.core import Built, Timer, graph_of, tf_gradients
 from baselines.grappler import grappler_heuristics, grappler_recompute, grappler_swap
 from baselines.lms import lms
@@ -69,12 +71,13 @@ STRATEGIES: Dict[str, Callable[..., Built]] = {
     "ome-swap": ome_swap,
     "ome-speed": ome_speed,
     "ome-optimal": ome_optimal,
+    "ome-optimal-swap": ome_optimal_swap,
     "ome-budget": ome_budget,
 }
 
 #: Names that are another strategy with an option fixed (a benchmark runs the original).
 ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optimal": "ome",
-           "ome-speed": "ome"}
+           "ome-speed": "ome", "ome-optimal-swap": "ome-swap"}
 
 
 def options_of(name):

@@ -99,3 +99,11 @@ def ome_budget(loss, variables, *, memory_budget, host_device=None, batch_size=N
     count kernel scratch memory and what stays allocated between steps."""
     return _ome("ome-budget", loss, variables, memory_budget=memory_budget, swap="auto",
                 host_device=host_device, batch_size=batch_size, cost_model=cost_model)
+
+
+def ome_optimal_swap(loss, variables, *, host_device=None, batch_size=None, cost_model=None):
+    """``ome.gradients(checkpoints='optimal', swap='auto')``: the MILP planner's smallest
+    peak with the host to swap to (keep, recompute or swap per tensor), then the least
+    added time at it; the leftmost point of ome's frontier."""
+    return _ome("ome-optimal-swap", loss, variables, checkpoints="optimal", swap="auto",
+                host_device=host_device, batch_size=batch_size, cost_model=cost_model)

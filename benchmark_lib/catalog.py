@@ -37,13 +37,15 @@ STRATEGIES = {
                  "recompute only the cheap ops after them",
     "ome-optimal": "ome.gradients(checkpoints='optimal'): the MILP planner's smallest peak, "
                    "then the least added time at it",
+    "ome-optimal-swap": "ome.gradients(checkpoints='optimal', swap='auto'): the MILP planner's "
+                        "smallest peak with the host to swap to, then the least added time at it",
     "ome-budget": "ome.gradients(memory_budget=--budget): keep, recompute or swap each tensor "
                   "to fit the budget at the least added time; runs only with --budget",
 }
 
 #: Strategies that repeat another one with an option fixed; the default sweep skips them.
 ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optimal": "ome",
-           "ome-speed": "ome"}
+           "ome-speed": "ome", "ome-optimal-swap": "ome-swap"}
 
 #: Strategies that cannot run without a memory budget (``--budget``).
 NEEDS_BUDGET = frozenset({"ome-budget"})

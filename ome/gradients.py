@@ -241,8 +241,10 @@ def _policy_plan(view, options, static_bytes):
                 f"checkpoints= policy {options.checkpoints!r} returned "
                 f"{type(plan).__name__}, not an ome.Plan")
     elif options.checkpoints == "optimal":
+        # swap="auto" swaps by measured costs only, as the warning below says
+        weighed = options.swap != "auto" or options.measured
         plan = optimal.optimal(view, model=options.model, pins=options.pins,
-                               host_device=options.host_device)
+                               host_device=options.host_device if weighed else None)
     elif isinstance(options.checkpoints, str):
         policies = transformer.POLICIES if options.checkpoints in TRANSFORMER_MODES \
             else select.POLICIES

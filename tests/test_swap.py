@@ -100,16 +100,32 @@ def test_swap_of_a_tensor_used_only_in_the_forward_pass(graph):
     run(case, ome.gradients(case.ys, case.xs, checkpoints=case.interior, swap=swap))
 
 
-def test_swap_auto_without_measured_costs_warns_and_swaps_nothing(graph, caplog):
+# A link so fast that each swap costs less than the recomputation it replaces.
+FAST_LINK = ome.CostModel(bandwidth=1e18, source="a test's costs")
+
+
+@pytest.mark.parametrize("checkpoints", ["auto", "optimal"])
+def test_swap_auto_without_measured_costs_warns_and_swaps_nothing(graph, caplog, checkpoints):
     case = graphs.tanh_chain(layers=20)
     with caplog.at_level("WARNING", logger="ome.gradients"):
-        plain = ome.plan(case.ys, case.xs, swap="auto", host_device=HOST)
+        plain = ome.plan(case.ys, case.xs, checkpoints=checkpoints, swap="auto",
+                         host_device=HOST)
     assert plain.recomputed and not plain.swapped
     assert "without cost_model=ome.profile(...) it swaps nothing" in caplog.text
-    # a link so fast that each swap costs less than the recomputation it replaces
-    measured = ome.plan(case.ys, case.xs, swap="auto", host_device=HOST,
-                        cost_model=ome.CostModel(bandwidth=1e18, source="a test's costs"))
-    assert measured.swapped and measured.policy == "auto+swap"
+    measured = ome.plan(case.ys, case.xs, checkpoints=checkpoints, swap="auto",
+                        host_device=HOST, cost_model=FAST_LINK)
+    assert measured.swapped and measured.policy.startswith(checkpoints)
+
+
+def test_optimal_with_the_host_swaps_and_keeps_the_gradients(graph):
+    case = graphs.tanh_chain(layers=20)
+    grads, (chosen, _) = ome.gradients(case.ys, case.xs, checkpoints="optimal", swap="auto",
+                                       cost_model=FAST_LINK, return_info=True)
+    recompute_only = ome.plan(case.ys, case.xs, checkpoints="optimal", cost_model=FAST_LINK)
+    assert chosen.swapped and not recompute_only.swapped
+    # the host holds what recomputation would otherwise rebuild: a lower predicted peak
+    assert chosen.estimates["device_peak"] < recompute_only.estimates["device_peak"]
+    run(case, grads)
 
 
 def test_no_host_device_is_a_clear_error():

@@ -29,7 +29,7 @@ from benchmark_lib.units import MiB, format_duration
 
 #: Strategies measured once each, as points beside the frontier.
 BASELINES = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-speed", "ome-optimal",
-             "ome-swap")
+             "ome-swap", "ome-optimal-swap")
 #: Budgets, as fractions of plain backprop's measured device peak.
 FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 #: Timed again side by side in one process after the runs (step times of separate
