@@ -120,13 +120,17 @@ def write_csv(rows, path):
 
 
 def table(rows, settings):
-    """Markdown: verdict labels per setting."""
+    """Markdown: verdict labels per setting, and of the exact cases how many plans
+    recomputed and how many swapped (the rest built plain backprop)."""
     counts = collections.Counter((v.setting, v.label) for _, _, v in rows)
+    did = collections.Counter((v.setting, v.did) for _, _, v in rows if v.kind == "exact")
     labels = sorted({label for _, label in counts}, key=lambda l: (l != "exact", l))
-    lines = ["| setting | " + " | ".join(labels) + " |",
-             "|---" * (len(labels) + 1) + "|"]
+    lines = ["| setting | " + " | ".join(labels) + " | exact, recomputing | exact, swapping |",
+             "|---" * (len(labels) + 3) + "|"]
     for s in settings:
         cells = [str(counts.get((s.name, label), 0)) for label in labels]
+        cells += [str(did[(s.name, "recompute")] + did[(s.name, "both")]),
+                  str(did[(s.name, "swap")] + did[(s.name, "both")])]
         lines.append(f"| {s.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

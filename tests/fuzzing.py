@@ -113,14 +113,19 @@ def pins_supported():
     return "pin" in inspect.signature(ome.gradients).parameters
 
 
+FAST_LINK = CostModel(bandwidth=1e18, source="fuzz")
+
 SETTINGS = [
     Setting("auto", {"checkpoints": "auto"}),
     Setting("memory", {"checkpoints": "memory"}),
     Setting("speed", {"checkpoints": "speed"}),
     Setting("explicit", {"checkpoints": CHECKPOINT_LIST}),
+    Setting("optimal", {"checkpoints": "optimal"}),
     # A link so fast that every swap hides: swap="auto" swaps wherever it lowers the peak.
-    Setting("swap-auto", {"swap": "auto", "host_device": HOST,
-                          "cost_model": CostModel(bandwidth=1e18, source="fuzz")}),
+    Setting("swap-auto", {"swap": "auto", "host_device": HOST, "cost_model": FAST_LINK}),
+    # The optimal planner's smallest peak with the host to swap to.
+    Setting("optimal-swap", {"checkpoints": "optimal", "swap": "auto", "host_device": HOST,
+                             "cost_model": FAST_LINK}),
     Setting("swap-list", {"checkpoints": CHECKPOINT_LIST, "swap": SWAP_SUBSET,
                           "host_device": HOST}),
     # Recompute groups also wait for backward leaves (the default under tf.distribute).
@@ -171,6 +176,9 @@ class Verdict:
     message: str = ""
     reason: Optional[str] = None  # for a refusal: the documented limit it matches
     seconds: float = 0.0
+    # what the plan built did: "" (none built), "nothing" (plain backprop), "recompute",
+    # "swap" or "both"; an exact verdict of a plan that did nothing proves little
+    did: str = ""
 
     @property
     def ok(self):
@@ -268,33 +276,44 @@ def _compare(want, got, case):
     return ("wrong_value", "; ".join(mismatches)) if mismatches else ("exact", "")
 
 
+def plan_did(plan):
+    """What ``plan`` does to backprop: "nothing", "recompute", "swap" or "both"."""
+    recomputes, swaps = bool(plan.recomputed), bool(plan.swapped)
+    return {(False, False): "nothing", (True, False): "recompute", (False, True): "swap",
+            (True, True): "both"}[(recomputes, swaps)]
+
+
 def _judge_in_graph(program, setting, graph):
-    """The (kind, message, reason) of ``program`` under ``setting``, built in ``graph``."""
+    """The (kind, message, reason, did) of ``program`` under ``setting``, built in
+    ``graph``."""
     try:
         case = program.build()
         want = tf.gradients(case.ys, case.xs, case.grad_ys)
     except Exception:  # pylint: disable=broad-except
-        return "invalid_program", "build or tf.gradients raised\n" + traceback.format_exc(), None
+        return ("invalid_program", "build or tf.gradients raised\n" + traceback.format_exc(),
+                None, "")
     options = case.bind(options_for(program, setting))
     ops_before = len(graph.get_operations())
     try:
-        got = ome.gradients(case.ys, case.xs, case.grad_ys, **options)
+        got, (plan, _) = ome.gradients(case.ys, case.xs, case.grad_ys, return_info=True,
+                                       **options)
     except OmeError as err:
         if isinstance(err, InternalError):
-            return "crash", traceback.format_exc(), None
+            return "crash", traceback.format_exc(), None, ""
         message = _error_text(err)
         if len(graph.get_operations()) != ops_before:
-            return "refusal_changed_graph", message, None
-        return "refused", message, documented_reason(setting, message)
+            return "refusal_changed_graph", message, None, ""
+        return "refused", message, documented_reason(setting, message), ""
     except Exception:  # pylint: disable=broad-except
-        return "crash", traceback.format_exc(), None
+        return "crash", traceback.format_exc(), None, ""
+    did = plan_did(plan)
     if _none_pattern(got) != _none_pattern(want):
-        return "wrong_none", _none_difference(want, got), None
+        return "wrong_none", _none_difference(want, got), None, did
     try:
         kind, message = _compare(want, got, case)
     except Exception as err:  # pylint: disable=broad-except
-        return "crash", "at run time: " + _error_text(err), None
-    return kind, message, None
+        return "crash", "at run time: " + _error_text(err), None, did
+    return kind, message, None, did
 
 
 def judge(program, setting):
@@ -302,8 +321,8 @@ def judge(program, setting):
     start = time.perf_counter()
     graph = tf.Graph()
     with graph.as_default():
-        kind, message, reason = _judge_in_graph(program, setting, graph)
-    return Verdict(kind, setting.name, message, reason, time.perf_counter() - start)
+        kind, message, reason, did = _judge_in_graph(program, setting, graph)
+    return Verdict(kind, setting.name, message, reason, time.perf_counter() - start, did)
 
 
 def settings_named(names):
