@@ -9,8 +9,9 @@ Then plain backprop, ``ome``, ``ome-swap``, three of the budgets and the plain s
 rewrite's order (``ome.ordered_backprop``) are timed again in one process, a step of each in
 turn (:data:`ROUNDS_STRATEGIES`, :data:`ROUNDS_FRACTIONS`, at least :data:`ROUNDS_STEPS`
 rounds), where the added seconds are measured against plain's at the same process speed
-and set beside the predicted ones, whole and beyond the order's own. Writes ``frontier.csv``, ``frontier.md`` and ``frontier.png`` into
-``--out`` (default ``results/frontier/``); always measures afresh.
+and set beside the predicted ones, whole and beyond the order's own. Writes
+``frontier.csv``, ``frontier.md`` and ``frontier.png`` into ``--out`` (default
+``results/frontier/``); always measures afresh.
 """
 import csv
 import dataclasses
