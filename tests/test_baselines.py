@@ -34,6 +34,7 @@ GRAPH_STRATEGIES = {
     "ome": {},
     "ome-swap": {},
     "ome-optimal": {},
+    "ome-optimal-swap": {},
     "ome-speed": {},
     "ome-budget": {"memory_budget": "1GiB"},
 }
@@ -67,7 +68,7 @@ def test_registry():
     assert set(baselines.STRATEGIES) == {
         "vanilla", "openai", "openai-memory", "openai-speed", "openai-collection", "lms",
         "grappler-recompute", "grappler-swap", "grappler-heuristics", "tf-recompute-grad",
-        "ome", "ome-swap", "ome-speed", "ome-optimal", "ome-budget"}
+        "ome", "ome-swap", "ome-speed", "ome-optimal", "ome-optimal-swap", "ome-budget"}
     assert baselines.required_options("ome-budget") == ["memory_budget"]
     assert baselines.options_of("vanilla") == ["cost_model"]  # for predictions only
     assert "n_tensors" in baselines.options_of("lms")
