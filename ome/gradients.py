@@ -170,9 +170,9 @@ class _Options:
         if isinstance(swap_ahead, bool) or not isinstance(swap_ahead, int) or swap_ahead < 0:
             raise errors.InvalidArgumentError(f"swap_ahead must be an int >= 0, got {swap_ahead!r}")
         self.swap_ahead = swap_ahead
-        swaps = self.swap or any(getattr(v, "value", v) == "swap" for v in self.pins.values())
+        self.pinned_swaps = any(getattr(v, "value", v) == "swap" for v in self.pins.values())
         self.host_device = None
-        if swaps or (self.budget is not None and host_device is not None):
+        if self.swap or self.pinned_swaps or (self.budget is not None and host_device is not None):
             self.host_device = (host.validate_host_device(host_device) if host_device
                                 else host.default_host_device())
 
@@ -241,8 +241,9 @@ def _policy_plan(view, options, static_bytes):
                 f"checkpoints= policy {options.checkpoints!r} returned "
                 f"{type(plan).__name__}, not an ome.Plan")
     elif options.checkpoints == "optimal":
-        # swap="auto" swaps by measured costs only, as the warning below says
-        weighed = options.swap != "auto" or options.measured
+        # swap="auto" swaps by measured costs only, as the warning below says; swaps the
+        # user pinned go to the host regardless
+        weighed = options.swap != "auto" or options.measured or options.pinned_swaps
         plan = optimal.optimal(view, model=options.model, pins=options.pins,
                                host_device=options.host_device if weighed else None)
     elif isinstance(options.checkpoints, str):

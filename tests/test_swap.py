@@ -117,6 +117,15 @@ def test_swap_auto_without_measured_costs_warns_and_swaps_nothing(graph, caplog,
     assert measured.swapped and measured.policy.startswith(checkpoints)
 
 
+def test_optimal_with_swap_auto_honours_a_pinned_swap_without_measured_costs(graph):
+    case = graphs.tanh_chain(layers=20)
+    pinned = [op.outputs[0] for op in graph.get_operations() if op.type == "Tanh"][5]
+    grads, (chosen, _) = ome.gradients(case.ys, case.xs, checkpoints="optimal", swap="auto",
+                                       pin={pinned: "swap"}, return_info=True)
+    assert pinned.name in chosen.swapped
+    run(case, grads)
+
+
 def test_optimal_with_the_host_swaps_and_keeps_the_gradients(graph):
     case = graphs.tanh_chain(layers=20)
     grads, (chosen, _) = ome.gradients(case.ys, case.xs, checkpoints="optimal", swap="auto",
