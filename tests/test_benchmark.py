@@ -457,6 +457,15 @@ def test_simulator_check_judges_each_prediction_against_the_measured_peak():
     assert lines[-1] == "2 of 3 predictions within 5% of the measured device peak"
 
 
+def test_simulator_check_columns_line_up_under_long_strategy_names():
+    rows = [_row("vanilla", peak=200 * MiB, predicted_peak_bytes=196 * MiB),
+            _row("ome-optimal-swap", peak=100 * MiB, predicted_peak_bytes=101 * MiB)]
+    lines, _ = simulator_check.comparison(rows)
+    header_end = lines[0].index("predicted MiB") + len("predicted MiB")
+    assert [line.index(" 196.0") + len(" 196.0") for line in lines[1:2]] == [header_end]
+    assert lines[2].index(" 101.0") + len(" 101.0") == header_end
+
+
 def test_frontier_table_and_plot_put_predictions_beside_measurements(tmp_path):
     plain = _row("vanilla", peak=400 * MiB, time_s=1.0, predicted_peak_bytes=390 * MiB,
                  predicted_added_s=0.0)

@@ -40,18 +40,19 @@ def run(plan):
 def comparison(rows):
     """The table of predicted against measured device peaks, and the rows outside
     :data:`TOLERANCE` (runs without a prediction are listed, not judged)."""
-    lines = [f"{'model':<13} {'strategy':<13} {'batch':>5} {'predicted MiB':>13} "
+    m = max([len("model")] + [len(row.model) for row in rows])
+    s = max([len("strategy")] + [len(row.strategy) for row in rows])
+    lines = [f"{'model':<{m}} {'strategy':<{s}} {'batch':>5} {'predicted MiB':>13} "
              f"{'measured MiB':>12} {'error':>7}"]
     misses, judged = [], 0
     for row in rows:
+        start = f"{row.model:<{m}} {row.strategy:<{s}} {row.batch_size:>5} "
         if not row.ok or row.predicted_peak_bytes is None:
-            lines.append(f"{row.model:<13} {row.strategy:<13} {row.batch_size:>5} "
-                         f"{'-':>13} {'-':>12}   {row.status if not row.ok else 'no plan'}")
+            lines.append(f"{start}{'-':>13} {'-':>12}   {row.status if not row.ok else 'no plan'}")
             continue
         error = (row.predicted_peak_bytes - row.device_peak_bytes) / row.device_peak_bytes
         judged += 1
-        lines.append(f"{row.model:<13} {row.strategy:<13} {row.batch_size:>5} "
-                     f"{row.predicted_peak_bytes / MiB:>13.1f} "
+        lines.append(f"{start}{row.predicted_peak_bytes / MiB:>13.1f} "
                      f"{row.device_peak_bytes / MiB:>12.1f} {error:>+7.1%}")
         if abs(error) > TOLERANCE:
             misses.append(row)
