@@ -65,7 +65,8 @@ class RoundsSpec:
     timed as :func:`budget_label`, and the plain step built with ``ome.ordered_backprop``
     (:data:`ORDERED_LABEL`: the rewrite's order alone, predicted to add the profile's
     ``order_seconds``). The result's ``quartiles`` map each strategy timed to
-    its step seconds' ``(q1, median, q3)``, ``predicted`` to its plan's predicted added
+    its step seconds' ``(q1, median, q3)``, ``times`` to those seconds round by round
+    (every list as long as the others), ``predicted`` to its plan's predicted added
     seconds (with ``profile``, where the plan has one); ``failed`` maps a strategy that
     could not be built or run to why.
     """

@@ -274,8 +274,9 @@ def _rounds(spec, lock):
             order.reverse()
     for session, _ in runs.values():
         session.close()
+    # times stay paired by round: a strategy that fails mid-way leaves with all of its own
     return {"quartiles": {strategy: quartiles(taken) for strategy, taken in times.items()},
-            "predicted": predicted, "failed": failed}
+            "times": times, "predicted": predicted, "failed": failed}
 
 
 def _int(value):

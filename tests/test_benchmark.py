@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import benchmark
@@ -493,14 +494,38 @@ def test_frontier_rounds_table_sets_predicted_beside_measured_added_seconds():
               "failed": {label(350 * MiB): "BudgetError: cannot fit"}}
     lines = frontier.rounds_table(rounds, ("vanilla", "ome"), budgets, 15)
     assert "medians of 15 rounds" in lines[0]
-    assert lines[4] == "| vanilla | 1.000 | 10% | +0.000 | - | - | - | - |"
+    assert lines[4] == "| vanilla | 1.000 | 10% | +0.000 | - | - | - | - | - |"
     # beyond the order: 0.25 - 0.10 measured, 0.30 - 0.04 predicted
-    assert lines[5] == "| ome | 1.250 | 8% | +0.250 | +0.300 | 1.20 | +0.150 | +0.260 |"
-    assert lines[6] == "| budget 0.60 | 1.200 | 8% | +0.200 | +0.160 | 0.80 | +0.100 | +0.120 |"
-    assert lines[7] == "| budget 0.70 | BudgetError: cannot fit | | | | | | |"
-    assert lines[8] == ("| budget 0.80 | 0.980 | 10% | -0.020 | +0.050 | measured no added time | "
-                        "-0.120 | +0.010 |")
-    assert lines[9] == "| ordered | 1.100 | 9% | +0.100 | +0.040 | 0.40 | - | - |"
+    assert lines[5] == "| ome | 1.250 | 8% | +0.250 | - | +0.300 | 1.20 | +0.150 | +0.260 |"
+    assert lines[6] == ("| budget 0.60 | 1.200 | 8% | +0.200 | - | +0.160 | 0.80 | +0.100 | "
+                        "+0.120 |")
+    assert lines[7] == "| budget 0.70 | BudgetError: cannot fit | | | | | | | |"
+    assert lines[8] == ("| budget 0.80 | 0.980 | 10% | -0.020 | - | +0.050 | "
+                        "measured no added time | -0.120 | +0.010 |")
+    assert lines[9] == "| ordered | 1.100 | 9% | +0.100 | - | +0.040 | 0.40 | - | - |"
+    assert len(lines) == 10  # without the rounds' times, no interval and no verdict
+
+
+def test_frontier_rounds_table_judges_predictions_by_the_interval_of_paired_rounds():
+    plain = [1.0, 1.1, 0.9, 1.2, 1.0, 0.95, 1.05]
+    extra = {"ome": [0.2, 0.3, 0.25, 0.2, 0.3, 0.22, 0.28],  # added 0.2-0.3 in every round
+             protocol.ORDERED_LABEL: [0.0, 0.02, 0.01, 0.0, 0.01, 0.02, 0.0]}
+    times = {"vanilla": plain, **{k: [p + e for p, e in zip(plain, v)] for k, v in extra.items()}}
+    rounds = {"quartiles": {k: tuple(np.percentile(v, [25, 50, 75])) for k, v in times.items()},
+              "times": times, "predicted": {"ome": 0.26, protocol.ORDERED_LABEL: 0.05},
+              "failed": {}}
+    lines = frontier.rounds_table(rounds, ("vanilla", "ome"), {}, 7)
+    # medians: plain 1.0, ome 1.3; the interval of the added time spans `extra`'s spread
+    assert frontier.added_interval(times["ome"], plain) == pytest.approx((0.2, 0.3))
+    assert lines[5] == ("| ome | 1.300 | 14% | +0.300 | +0.200 to +0.300 | +0.260 | 0.87 | "
+                        "+0.290 | +0.210 |")
+    # ordered: measured +0.010 in +0.000 to +0.020; its prediction, 0.05, is outside both
+    assert "| +0.010 | +0.000 to +0.020 | +0.050 | 5.00 |" in lines[6]
+    # pairing: the same added 0.25 s every round is exactly 0.25; unpaired it would not be
+    assert frontier.added_interval([p + 0.25 for p in plain], plain) == pytest.approx((0.25, 0.25))
+    assert frontier.added_interval([1.25] * 7, plain)[0] < 0.2
+    assert lines[-1] == ("Predicted added seconds inside the measured interval: 1 of 2; "
+                         "within a fifth of the measured median: 1 of 2.")
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -38,10 +38,10 @@ FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 #: backprop, these strategies and the budgets at these fractions.
 ROUNDS_STRATEGIES = ("vanilla", "ome", "ome-swap")
 ROUNDS_FRACTIONS = (0.65, 0.75, 0.85)
-#: The fewest rounds they are timed in: a plan adds 0.1-0.5 s to a 1.5 s ResNet-50 step
-#: whose steps spread by 2-6%, so five rounds leave its added seconds uncertain by more
-#: than the fifth a prediction is judged by.
-ROUNDS_STEPS = 15
+#: The fewest rounds they are timed in: a plan adds 0.04-0.5 s to a 0.65-1.7 s ResNet-50
+#: step whose steps spread by 5-15% in rounds, so even 45 rounds left a budget plan's
+#: added seconds uncertain by a third (2026-11-27); the table prints each one's interval.
+ROUNDS_STEPS = 30
 OUT = "results/frontier"
 
 
@@ -149,44 +149,81 @@ def table(points, plain):
     return lines
 
 
+#: The share of resamples the interval of a measured added time holds (a paired
+#: bootstrap over the rounds, :func:`added_interval`).
+CONFIDENCE = 0.95
+
+
+def added_interval(times, base):
+    """The :data:`CONFIDENCE` interval ``(low, high)`` of ``median(times) - median(base)``,
+    seconds of two runs timed in the same rounds (``times[i]`` and ``base[i]`` in round
+    i): a paired percentile bootstrap over the rounds, so a slow round slows both."""
+    import numpy as np
+    from scipy import stats
+
+    def difference(a, b, axis):
+        return np.median(a, axis=axis) - np.median(b, axis=axis)
+
+    result = stats.bootstrap((np.asarray(times), np.asarray(base)), difference, paired=True,
+                             vectorized=True, confidence_level=CONFIDENCE, n_resamples=2000,
+                             method="percentile", random_state=np.random.default_rng(0))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
 def rounds_table(rounds, strategies, budgets, steps):
     """The Markdown table of the rounds: each run's median step, the seconds it adds to
-    plain backprop's in the same process and the plan's prediction of them, whole and
-    beyond what the plain step in the rewrite's order (:data:`protocol.ORDERED_LABEL`)
-    adds (measured) or the profile says the order adds (predicted)."""
+    plain backprop's in the same process (with its :func:`added_interval`) and the plan's
+    prediction of them, whole and beyond what the plain step in the rewrite's order
+    (:data:`protocol.ORDERED_LABEL`) adds (measured) or the profile says the order adds
+    (predicted); then how many predictions fall within the interval and within a fifth."""
     lines = [f"Timed side by side in one process (a step of each in turn, medians of {steps} "
              "rounds; predicted from that process's profile; `ordered` is plain backprop in "
-             "the rewrite's order, nothing recomputed or swapped):", "",
-             "| run | step s | IQR | added s | predicted added s | predicted / measured | "
-             "beyond the order s | predicted beyond the order s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "the rewrite's order, nothing recomputed or swapped; the interval holds the "
+             f"measured added seconds at {CONFIDENCE:.0%}, a paired bootstrap over the "
+             "rounds):", "",
+             "| run | step s | IQR | added s | interval s | predicted added s | "
+             "predicted / measured | beyond the order s | predicted beyond the order s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     quartiles, predicted = rounds["quartiles"], rounds["predicted"]
+    times = rounds.get("times", {})
     labels = {s: s for s in strategies}
     labels.update({protocol.budget_label(b): f"budget {f:.2f}" for b, f in budgets.items()})
     labels[protocol.ORDERED_LABEL] = protocol.ORDERED_LABEL
     plain = quartiles.get("vanilla")
     added = {key: q[1] - plain[1] for key, q in quartiles.items()} if plain else {}
     order, order_guess = added.get(protocol.ORDERED_LABEL), predicted.get(protocol.ORDERED_LABEL)
+    judged = inside = near = 0
     for key, label in labels.items():
         if key not in quartiles:
             lines.append(f"| {label} | {rounds['failed'].get(key, 'not timed')[:120]} "
-                         "| | | | | | |")
+                         "| | | | | | | |")
             continue
         q1, median, q3 = quartiles[key]
         measured, guess = added.get(key), predicted.get(key)
+        interval = added_interval(times[key], times["vanilla"]) \
+            if key != "vanilla" and key in times and "vanilla" in times else None
         ratio = "-" if measured is None or guess is None or key == "vanilla" else \
             f"{guess / measured:.2f}" if measured > 0 else "measured no added time"
+        if key != "vanilla" and guess is not None and measured is not None and interval:
+            judged += 1
+            inside += interval[0] <= guess <= interval[1]
+            near += measured > 0 and abs(guess / measured - 1) <= 0.2
         rewritten = key not in ("vanilla", protocol.ORDERED_LABEL) and key in predicted
         beyond = _seconds(measured - order) if rewritten and None not in (measured, order) \
             else "-"
         guess_beyond = _seconds(guess - order_guess) \
             if rewritten and None not in (guess, order_guess) else "-"
+        span = "-" if interval is None else \
+            f"{_seconds(interval[0])} to {_seconds(interval[1])}"
         lines.append(f"| {label} | {median:.3f} | {(q3 - q1) / median:.0%} | "
-                     f"{_seconds(measured)} | {_seconds(guess)} | {ratio} | {beyond} | "
+                     f"{_seconds(measured)} | {span} | {_seconds(guess)} | {ratio} | {beyond} | "
                      f"{guess_beyond} |")
     for key, reason in rounds["failed"].items():
         if key not in labels:
-            lines.append(f"| {key} | {reason[:120]} | | | | | | |")
+            lines.append(f"| {key} | {reason[:120]} | | | | | | | |")
+    if judged:
+        lines += ["", f"Predicted added seconds inside the measured interval: {inside} of "
+                      f"{judged}; within a fifth of the measured median: {near} of {judged}."]
     return lines
 
 
