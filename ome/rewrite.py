@@ -158,6 +158,8 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
             _wait_for(ops[reader], [ops[t] for t in triggers])
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("order"):
         info.ordered = _enforce_order(graph, view, plan, copies, swapped_in)
+    with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("unmerged"):
+        _keep_apart(graph)
     info.added_ops = len(graph.get_operations()) - before
     return info
 
@@ -193,6 +195,61 @@ def _enforce_order(graph, view, plan, copies, swapped_in):
     return waited
 
 
+def onednn_merges(graph):
+    """``(op, input index, op it would merge with)`` for the op pairs oneDNN's graph pass
+    (``TF_ENABLE_ONEDNN_OPTS``, on by default on recent x86 CPUs) merges into one op, found
+    by their data edges: a Conv2D and the BiasAdd reading it as input 0, a Pad and the
+    VALID Conv2D reading it as input 0, a BiasAddGrad and the Conv2DBackpropFilter reading
+    its input as out_backprop (input 2)."""
+    for op in graph.get_operations():
+        if op.type == "BiasAdd" and op.inputs[0].op.type == "Conv2D":
+            yield op, 0, op.inputs[0].op
+        elif op.type == "Conv2D" and op.inputs[0].op.type == "Pad" and \
+                op.get_attr("padding") == b"VALID":
+            yield op, 0, op.inputs[0].op
+        elif op.type == "BiasAddGrad":
+            for reader in op.inputs[0].consumers():
+                if reader.type == "Conv2DBackpropFilter" and reader.inputs[2] is op.inputs[0]:
+                    yield op, 0, reader
+
+
+def _keep_apart(graph):
+    """Give each op of a pair :func:`onednn_merges` finds its input through a gate where
+    another path joins the two (the chain's waits, a copy's): merged, they would form a
+    cycle, and TensorFlow refuses the graph ("nodes in a cycle") or never runs the ops
+    ("Retval does not have value")."""
+    pairs = list(onednn_merges(graph))
+    if not pairs:
+        return
+    deps = dependencies(graph)
+    order = {name: i for i, name in enumerate(nx.topological_sort(deps))}
+    for op, i, partner in pairs:
+        if joined_apart(deps, order, op.name, partner.name):
+            tfprivate.update_input(op, i, _gated(op.inputs[i], [], op.name))
+
+
+def dependencies(graph):
+    """``graph``'s ops by name as a networkx DiGraph of their data and control edges."""
+    deps = nx.DiGraph()
+    for op in graph.get_operations():
+        deps.add_node(op.name)
+        deps.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        deps.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    return deps
+
+
+def joined_apart(deps, order, a, b):
+    """Whether a path other than a direct edge joins ops ``a`` and ``b`` in
+    :func:`dependencies` ``deps`` (``order``: each op's place in a topological order):
+    merged into one op, they would wait for themselves. The search stays among the ops
+    ordered before the later of the two, so it is short for neighbours."""
+    source, target = sorted((a, b), key=order.__getitem__)
+    end = order[target]
+    before = nx.subgraph_view(deps, filter_node=lambda name: order[name] <= end)
+    return any(nx.has_path(before, after, target) for after in deps.successors(source)
+               if after != target and order[after] < end)
+
+
 def _can_wait(tensor):
     """:func:`ome.schedule.can_wait` for a real tensor."""
     return tensor.dtype not in (tf.resource, tf.variant) and \
@@ -205,11 +262,7 @@ def _respecting_dependencies(graph, chain):
     ``chain``'s order; logged, since the simulator replays the planned order. So the
     chain can never close a cycle."""
     position = {op.name: i for i, op in enumerate(chain)}
-    deps = nx.DiGraph()
-    for op in graph.get_operations():
-        deps.add_node(op.name)
-        deps.add_edges_from((t.op.name, op.name) for t in op.inputs)
-        deps.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    deps = dependencies(graph)
     ordered = [name for name in nx.lexicographical_topological_sort(
         deps, key=lambda name: position.get(name, -1)) if name in position]
     moved = sum(position[name] != i for i, name in enumerate(ordered))

@@ -3,12 +3,13 @@
 Each builds the smallest graph of its class and compares with tf.gradients from the same
 session.run, None exactly where tf.gradients has None.
 """
+import networkx as nx
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors
+from ome import errors, rewrite
 
 RNG = np.random.RandomState(0)
 
@@ -118,3 +119,28 @@ def test_none_exactly_where_tf_gradients_has_none(graph):
     plan, _ = compare([tf.reduce_sum(h)], [x, unused, side, w], feed, checkpoints="speed",
                       pin={h.op.inputs[0]: "recompute"})
     assert plan.recomputed
+
+
+def test_convolutions_with_bias_are_never_merged_across_the_rewrite(graph):
+    # oneDNN's graph pass (on by default on recent x86 CPUs) merges a Conv2D with its
+    # BiasAdd and a Conv2DBackpropFilter with its BiasAddGrad; where the rewrite ran other
+    # ops between them (a recomputed Keras conv's bias reshape, the chain), the merged op
+    # waited for itself: "nodes in a cycle" under tf.function, "Retval[0] does not have
+    # value" in a session.
+    h, xs = tf.constant(RNG.rand(2, 8, 8, 3).astype(np.float32)), []
+    for i in range(3):
+        w = tf.compat.v1.get_variable(
+            f"w{i}", initializer=0.3 * RNG.randn(3, 3, h.shape[-1], 4).astype(np.float32))
+        b = tf.compat.v1.get_variable(f"b{i}", initializer=RNG.randn(4).astype(np.float32))
+        xs += [w, b]
+        h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w, 1, "SAME"), tf.reshape(b, [4])))
+    y = tf.reduce_sum(tf.square(h))
+    _, info = compare([y], xs, {}, checkpoints=[])
+    assert info.copied_ops >= 9  # three convolutions, their bias adds and ReLUs recomputed
+    pairs = list(rewrite.onednn_merges(y.graph))
+    assert {(op.type, partner.type) for op, _, partner in pairs} >= {
+        ("BiasAdd", "Conv2D"), ("BiasAddGrad", "Conv2DBackpropFilter")}
+    deps = rewrite.dependencies(y.graph)
+    order = {name: i for i, name in enumerate(nx.topological_sort(deps))}
+    assert not [(op.name, partner.name) for op, _, partner in pairs
+                if rewrite.joined_apart(deps, order, op.name, partner.name)]
