@@ -59,6 +59,13 @@ def update_input(op, index, tensor):
     op._update_input(index, tensor)  # pylint: disable=protected-access
 
 
+def onednn_enabled():
+    """Whether this process runs oneDNN's graph pass (``TF_ENABLE_ONEDNN_OPTS``; on by
+    default on x86 CPUs with AVX-512 VNNI or newer), which merges some op pairs."""
+    from tensorflow.python.util import _pywrap_util_port
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def protect_from_grappler(op):
     """Keep Grappler's dependency optimizer from removing an identity-like op."""
     op._set_attr("_grappler_do_not_remove",  # pylint: disable=protected-access

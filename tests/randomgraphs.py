@@ -61,6 +61,8 @@ TEMPLATES = {
     "maximum": "{out} = tf.maximum({0}, {1})",
     "matmul": "{out} = tf.matmul({0}, {1}, transpose_b={p[transpose_b]})",
     "conv2d": "{out} = tf.nn.conv2d({0}, {1}, {p[stride]}, {p[padding]!r})",
+    "bias_add": "{out} = tf.nn.bias_add({0}, {1})",
+    "pad": "{out} = tf.pad({0}, [[0, 0], [1, 1], [1, 1], [0, 0]])",
     "batch_norm": "{out} = tf.compat.v1.nn.fused_batch_norm({0}, {1}, {2}, is_training=True)[0]",
     "top_k": "{out} = tf.math.top_k({0}, {p[k]}).values",
     "split": "{outs} = tf.split({0}, {p[parts]}, axis={p[axis]})",
@@ -452,13 +454,21 @@ def _conv2d(b):
         # plain tf.gradients too (seed 273: [3, 256, 64, 2] input, 2 channels out).
         stride = 1
     padding = "VALID" if min(h, w) >= k + 1 and b.ch.chance(30) else "SAME"
+    if padding == "VALID" and b.ch.chance(50):
+        # a Pad read by a VALID conv, and a bias added to a conv's output, are pairs
+        # oneDNN's graph pass merges into one op (the rewrite must keep them mergeable)
+        h, w = h + 2, w + 2
+        x = b.add_one("pad", [x], Value((n, h, w, c), scale=v.scale))
+
     def span(d):  # output height / width
         return -(-(d if padding == "SAME" else d - k + 1) // stride)
 
     out_c = b.ch.choice(CHANNELS)
     f = b.leaf((k, k, c, out_c), scale=1 / math.sqrt(k * k * c))
-    b.add_one("conv2d", [x, f], Value((n, span(h), span(w), out_c), scale=v.scale),
-              stride=stride, padding=padding)
+    out = Value((n, span(h), span(w), out_c), scale=v.scale)
+    conv = b.add_one("conv2d", [x, f], out, stride=stride, padding=padding)
+    if b.ch.chance(40):
+        b.add_one("bias_add", [conv, b.leaf((out_c,))], Value(out.shape, scale=v.scale + 1))
     return True
 
 
