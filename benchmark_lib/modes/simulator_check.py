@@ -40,13 +40,13 @@ def run(plan):
 def comparison(rows):
     """The table of predicted against measured device peaks, and the rows outside
     :data:`TOLERANCE` (runs without a prediction are listed, not judged)."""
-    m = max([len("model")] + [len(row.model) for row in rows])
-    s = max([len("strategy")] + [len(row.strategy) for row in rows])
-    lines = [f"{'model':<{m}} {'strategy':<{s}} {'batch':>5} {'predicted MiB':>13} "
-             f"{'measured MiB':>12} {'error':>7}"]
+    model_width = max([len("model")] + [len(row.model) for row in rows])
+    strategy_width = max([len("strategy")] + [len(row.strategy) for row in rows])
+    lines = [f"{'model':<{model_width}} {'strategy':<{strategy_width}} {'batch':>5} "
+             f"{'predicted MiB':>13} {'measured MiB':>12} {'error':>7}"]
     misses, judged = [], 0
     for row in rows:
-        start = f"{row.model:<{m}} {row.strategy:<{s}} {row.batch_size:>5} "
+        start = f"{row.model:<{model_width}} {row.strategy:<{strategy_width}} {row.batch_size:>5} "
         if not row.ok or row.predicted_peak_bytes is None:
             lines.append(f"{start}{'-':>13} {'-':>12}   {row.status if not row.ok else 'no plan'}")
             continue
