@@ -122,7 +122,8 @@ def make_parser(modes):
                         f"{thesis.jobs}); they measure memory side by side, and wait while "
                         f"one times steps")
     p.add_argument("--processes", type=_positive_int,
-                   help="fresh processes --interleaved repeats its rounds in (default 3)")
+                   help="repetitions --interleaved measures and times in, each in fresh "
+                        "processes (default 3)")
     existing = p.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", default=None,
                           help="keep the rows in --out and skip the runs they finished")

@@ -19,7 +19,8 @@ import benchmark
 from benchmark_lib import catalog, cli, config, plots, progress, protocol, report, resume, runner
 from benchmark_lib.bisect import largest_fitting
 from benchmark_lib.config import ConfigError, RunKey
-from benchmark_lib.modes import all_modes, frontier, max_batch, simulator_check, sweep
+from benchmark_lib.modes import (all_modes, frontier, interleaved, max_batch, simulator_check,
+                                 sweep)
 from benchmark_lib.pool import Pool, WorkerFailed
 from benchmark_lib.storage import COLUMNS, MaxBatchResult, ResultsFolder, Row
 
@@ -550,17 +551,34 @@ def test_interleaved_refusals(capsys, argv, fragment):
     assert fragment in _cli_error(capsys, argv)
 
 
-def test_interleaved_times_the_strategies_in_rounds_in_each_process(capsys):
+def test_interleaved_measures_memory_and_times_the_strategies_in_each_repetition(capsys):
     code = cli.main(["--interleaved", "--model", "resnet18", "--strategies", "vanilla,ome",
                      "--processes", "2", "--image-size", "32", "--batch-size", "2",
                      "--steps", "2", "--warmup", "0"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "2 processes, each 0 warm-up and 2 timed rounds of vanilla, ome" in out
+    assert "2 repetitions, each a fresh process per strategy for memory, then 0 warm-up " \
+           "and 2 timed rounds of vanilla, ome in one" in out
     for index in (1, 2):
-        assert re.search(rf"process {index}: vanilla \d\.\d{{3}} s \(IQR \d+%\) 1\.00x \| "
-                         rf"ome \d\.\d{{3}} s \(IQR \d+%\) \d\.\d\dx", out), out
-    assert re.search(r"\n  ome +\d\.\d\d \d\.\d\d +\d\.\d\d +\d+\.\d%", out), out
+        assert re.search(rf"repetition {index}: vanilla \d\.\d{{3}} s \(IQR \d+%\) 1\.00x, "
+                         rf"memory_cost \d+\.\d MiB \| ome \d\.\d{{3}} s \(IQR \d+%\) "
+                         rf"\d\.\d\dx, memory_cost \d+\.\d MiB", out), out
+    assert re.search(r"\n  ome +\d\.\d\d \d\.\d\d +\d\.\d\d +\d+\.\d% +"
+                     r"\d+\.\d \d+\.\d +\d+\.\d +\d\.\d\d\n", out), out
+
+
+def test_interleaved_summary_says_which_strategy_needed_less_memory_in_how_many(capsys):
+    ratios = {"vanilla": [1.0, 1.0, 1.0], "a": [1.3, 1.2, 1.25], "b": [1.2, 1.3, 1.2]}
+    costs = {"vanilla": [400.0, 420.0, 410.0], "a": [120.0, 112.0, 115.0],
+             "b": [118.0, 119.0, 121.0]}
+    interleaved._summary(("vanilla", "a", "b"), ratios, costs)
+    out = capsys.readouterr().out
+    assert "(vanilla's memory_cost per repetition: 400.0 420.0 410.0 MiB, median 410.0)" in out
+    assert re.search(r"\n  a +1\.30 1\.20 1\.25 +1\.25 +8\.3% +120\.0 112\.0 115\.0 +115\.0 "
+                     r"+0\.28\n", out), out
+    # a's median (115) is below b's (119): a is named first, below in 2 of 3 (120 > 118)
+    assert "a below b in memory_cost in 2 of 3 repetitions (by -2.0 to +7.0 MiB); its step " \
+           "time 1.04x b's (median; 0.92-1.08)" in out
 
 
 def _parse(argv):

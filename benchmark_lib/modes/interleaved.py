@@ -1,28 +1,35 @@
-"""``--interleaved``: step times of several strategies of one model, timed side by side.
+"""``--interleaved``: step times and memory of several strategies of one model, compared.
 
 A process's speed on these machines varies more than its own steps do: plain ResNet-50
 measured medians of 0.644-0.742 s in five fresh processes, each with under 5% between its
 own steps, so ratios of strategies timed in separate processes (as the sweep times them)
 move by up to a quarter between runs. Here one worker builds every strategy asked for, each
 in a graph and session of its own, and times them in rounds, one step of each in turn, so
-they all run at that process's speed. The worker is repeated in ``--processes`` fresh
-processes; the table gives each one's ratios to the first strategy and their range.
-Memory is not measured here (the sweep measures it, in a fresh process per run).
+they all run at that process's speed. Memory needs a fresh process per strategy (sessions
+of one process share its allocator), and what stays allocated between steps moves by a few
+MiB between processes (the allocator's chunks), so each of ``--processes`` repetitions
+measures every strategy's ``memory_cost`` in a worker of its own, then times them all in
+one. The table gives each repetition's figures, their medians and ranges, and for every
+two strategies after the first, in how many repetitions one needed less memory than the
+other and at what time.
 Defaults: ResNet-50, batch 16, 112x112, vanilla,ome,openai, 3 processes.
 """
+import itertools
 import statistics
 
-from benchmark_lib.config import ConfigError, RoundsKey, from_args
+from benchmark_lib.config import ConfigError, RoundsKey, RunKey, from_args
 from benchmark_lib.modes import Mode
 from benchmark_lib.pool import Pool, WorkerFailed
-from benchmark_lib.units import format_percent, plural
+from benchmark_lib.storage import Row
+from benchmark_lib.units import MiB, format_percent, plural
 
 DEFAULT_STRATEGIES = ("vanilla", "ome", "openai")
 DEFAULT_PROCESSES = 3
 
 
 def prepare(args):
-    config = from_args(args, "interleaved", models=("resnet50",), strategies=DEFAULT_STRATEGIES)
+    config = from_args(args, "interleaved", models=("resnet50",), strategies=DEFAULT_STRATEGIES,
+                       timing="rounds")
     if len(config.strategies) < 2:
         raise ConfigError("--interleaved compares strategies: give at least two")
     return config, args.processes or DEFAULT_PROCESSES
@@ -36,51 +43,89 @@ def run(prepared):
     with Pool(1) as pool:
         for model in config.models:
             for batch in config.batch_sizes:
-                spec = config.rounds_spec(RoundsKey(model, batch, config.strategies))
-                failed |= not _compare(pool, spec, processes, config.timeout)
+                failed |= not _compare(pool, config, model, batch, processes)
     return 1 if failed else 0
 
 
-def _compare(pool, spec, processes, timeout):
-    """Time ``spec`` in ``processes`` fresh workers and print the ratios; False when a
-    worker failed."""
-    first = spec.strategies[0]
-    print(f"{spec.model}, batch {spec.batch_size}, {spec.image_size}x{spec.image_size}: "
-          f"{plural(processes, 'process', 'processes')}, each {spec.warmup} warm-up and "
-          f"{spec.steps} timed rounds of {', '.join(spec.strategies)}", flush=True)
-    ratios = {s: [] for s in spec.strategies[1:]}
+def _compare(pool, config, model, batch, processes):
+    """Measure and time ``model`` at ``batch`` in ``processes`` repetitions and print the
+    comparison; False when a worker or a strategy failed."""
+    spec = config.rounds_spec(RoundsKey(model, batch, config.strategies))
+    strategies, first = spec.strategies, spec.strategies[0]
+    print(f"{model}, batch {batch}, {spec.image_size}x{spec.image_size}: "
+          f"{plural(processes, 'repetition')}, each a fresh process per strategy for memory, "
+          f"then {spec.warmup} warm-up and {spec.steps} timed rounds of "
+          f"{', '.join(strategies)} in one", flush=True)
+    ratios = {s: [] for s in strategies}
+    costs = {s: [] for s in strategies}
     for index in range(processes):
+        label = f"  repetition {index + 1}"
+        for strategy in strategies:
+            try:
+                row = Row.from_dict(pool.call(config.spec(RunKey(model, strategy, batch)),
+                                              timeout=config.timeout)["row"])
+            except WorkerFailed as exc:
+                print(f"{label}: {strategy}'s memory run failed: {exc}", flush=True)
+                return False
+            if not row.ok:
+                print(f"{label}: {strategy}: {row.status}: {row.reason}", flush=True)
+                return False
+            costs[strategy].append(row.memory_cost_bytes / MiB)
         try:
-            result = pool.call(spec, timeout=timeout)
+            result = pool.call(spec, timeout=config.timeout)
         except WorkerFailed as exc:
-            print(f"  process {index + 1}: failed: {exc}", flush=True)
+            print(f"{label}: the rounds failed: {exc}", flush=True)
             return False
         for strategy, reason in result["failed"].items():
-            print(f"  process {index + 1}: {strategy} failed: {reason}", flush=True)
+            print(f"{label}: {strategy} failed: {reason}", flush=True)
         if result["failed"]:
             return False
         quartiles = result["quartiles"]
         cells = []
-        for strategy in spec.strategies:
+        for strategy in strategies:
             q1, median, q3 = quartiles[strategy]
-            ratio = median / quartiles[first][1]
-            if strategy != first:
-                ratios[strategy].append(ratio)
+            ratios[strategy].append(median / quartiles[first][1])
             cells.append(f"{strategy} {median:.3f} s (IQR {format_percent((q3 - q1) / median)}) "
-                         f"{ratio:.2f}x")
-        print(f"  process {index + 1}: " + " | ".join(cells), flush=True)
-    print(f"  {'strategy':<20} {'x ' + first + ' per process':<32} {'median':>6} {'range':>7}")
-    for strategy, values in ratios.items():
-        each = " ".join(f"{v:.2f}" for v in values)
-        print(f"  {strategy:<20} {each:<32} {statistics.median(values):>6.2f} "
-              f"{max(values) / min(values) - 1:>7.1%}")
+                         f"{ratios[strategy][-1]:.2f}x, memory_cost {costs[strategy][-1]:.1f} MiB")
+        print(f"{label}: " + " | ".join(cells), flush=True)
+    _summary(strategies, ratios, costs)
     return True
 
 
+def _summary(strategies, ratios, costs):
+    """The medians and ranges of every strategy, then every two strategies after the first
+    compared repetition by repetition."""
+    first = strategies[0]
+    base = statistics.median(costs[first])
+    print(f"  {'strategy':<18} {'step x ' + first + ' per repetition':<34} {'median':>6} "
+          f"{'range':>6}   {'memory_cost MiB per repetition':<38} {'median':>7} "
+          f"{'x ' + first:>9}")
+    for strategy in strategies[1:]:
+        times = " ".join(f"{v:.2f}" for v in ratios[strategy])
+        memory = " ".join(f"{v:.1f}" for v in costs[strategy])
+        print(f"  {strategy:<18} {times:<34} {statistics.median(ratios[strategy]):>6.2f} "
+              f"{max(ratios[strategy]) / min(ratios[strategy]) - 1:>6.1%}   {memory:<38} "
+              f"{statistics.median(costs[strategy]):>7.1f} "
+              f"{statistics.median(costs[strategy]) / base:>9.2f}")
+    print(f"  ({first}'s memory_cost per repetition: "
+          f"{' '.join(f'{v:.1f}' for v in costs[first])} MiB, median {base:.1f})")
+    for a, b in itertools.combinations(strategies[1:], 2):
+        if statistics.median(costs[b]) < statistics.median(costs[a]):
+            a, b = b, a
+        below = sum(x < y for x, y in zip(costs[a], costs[b]))
+        gaps = [y - x for x, y in zip(costs[a], costs[b])]
+        times = [x / y for x, y in zip(ratios[a], ratios[b])]
+        print(f"  {a} below {b} in memory_cost in {below} of {len(gaps)} repetitions "
+              f"(by {min(gaps):+.1f} to {max(gaps):+.1f} MiB); its step time "
+              f"{statistics.median(times):.2f}x {b}'s (median; {min(times):.2f}-"
+              f"{max(times):.2f})")
+
+
 MODE = Mode(name="interleaved", flag="--interleaved",
-            help="time strategies of a model (default resnet50: vanilla,ome,openai) in one "
-                 "process, one step of each in turn, repeated in --processes fresh processes; "
-                 "prints each process's ratios (memory is not measured)",
+            help="compare strategies of a model (default resnet50: vanilla,ome,openai): "
+                 "memory_cost in a fresh process per strategy, step times in rounds in one "
+                 "process, repeated --processes times; prints each repetition, the medians "
+                 "and which strategy needed less memory in how many repetitions",
             options=frozenset({"models", "model", "strategies", "batch_size", "image_size",
                                "steps", "warmup", "timeout", "processes"}),
             prepare=prepare, run=run)
