@@ -529,6 +529,53 @@ def test_frontier_rounds_table_judges_predictions_by_the_interval_of_paired_roun
                          "within a fifth of the measured median: 1 of 2.")
 
 
+def _frontier_rounds(plain_peak, added):
+    """Rounds of seven steps: each run's step is plain's plus ``added[label]`` (a number, or
+    one per round), keyed as the worker keys them."""
+    plain = [1.0, 1.1, 0.9, 1.2, 1.0, 0.95, 1.05]
+    times = {}
+    for point, extra in added.items():
+        extra = extra if isinstance(extra, list) else [extra] * len(plain)
+        times[point.rounds_key(plain_peak)] = [p + e for p, e in zip(plain, extra)]
+    quartiles = {k: tuple(np.percentile(v, [25, 50, 75])) for k, v in times.items()}
+    return {"quartiles": quartiles, "times": times, "predicted": {}, "failed": {}}
+
+
+def test_frontier_dominance_judges_every_other_run_by_paired_rounds(tmp_path):
+    plain = frontier.Point(_row("vanilla", peak=400 * MiB, time_s=1.0))
+    lms = frontier.Point(_row("lms", peak=300 * MiB, time_s=1.3))
+    openai = frontier.Point(_row("openai", peak=255 * MiB, time_s=1.4))
+    speed = frontier.Point(_row("ome-speed", peak=380 * MiB, time_s=1.05))
+    swap = frontier.Point(_row("ome-swap", peak=230 * MiB, time_s=1.5))
+    smallest = frontier.Point(_row("ome-optimal-swap", peak=260 * MiB, time_s=1.4))
+    low = frontier.Point(_row("ome-budget", peak=280 * MiB, time_s=1.1), 0.7)
+    high = frontier.Point(_row("ome-budget", peak=320 * MiB, time_s=1.08), 0.8)
+    failed = frontier.Point(_row("ome-budget", status="oom", reason="cannot fit"), 0.55)
+    points = [plain, lms, openai, speed, swap, smallest, low, high, failed]
+    rounds = _frontier_rounds(400 * MiB, {
+        plain: 0.0, lms: 0.3, openai: [0.35, 0.45, 0.4, 0.38, 0.42, 0.4, 0.41], speed: 0.05,
+        swap: 0.5, smallest: 0.4, low: 0.1, high: 0.08})
+    lines = frontier.dominance(points, rounds, 400 * MiB)
+    assert "at most 2% of plain's peak (8 MiB) above the run's" in lines[0]
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
+    # lms: budget 0.70 (280 MiB) is 0.2 s faster every round
+    assert rows["lms"] == ("| lms | 300 | budget 0.70 | 280 | -0.200 | -0.200 to -0.200 | "
+                           "the frontier is faster |")
+    # openai (255 MiB): only ome-optimal-swap (260 MiB) is within 8 MiB; the two trade places
+    assert rows["openai"].startswith("| openai | 255 | ome-optimal-swap | 260 |")
+    assert rows["openai"].endswith("| level within the noise |")
+    # ome-speed (380 MiB): the frontier's fastest at its memory, budget 0.80, is 0.03 s slower
+    assert rows["ome-speed"] == ("| ome-speed | 380 | budget 0.80 | 320 | +0.030 | "
+                                 "+0.030 to +0.030 | **below the frontier** |")
+    assert rows["ome-swap"] == ("| ome-swap | 230 | ome-optimal-swap | 260 | | | "
+                                "**left of the frontier** |")
+    assert lines[-1] == "Runs below-left of ome's frontier beyond the noise: 2 of 4."
+    assert frontier.dominance(points, {"quartiles": {}, "failed": {}}, 400 * MiB) == []
+    # the plot takes the rounds' times, relative to plain's median in them
+    frontier.plot(points, str(tmp_path / "f.png"), "test", rounds)
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--frontier", "--models", "resnet18,resnet50"], "--frontier takes one model"),
     (["--frontier", "--budget", "1GiB"], "--budget does not apply to --frontier"),

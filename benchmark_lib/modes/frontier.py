@@ -5,17 +5,18 @@ plain step first and plans with the measured costs. The baselines run once each;
 ``ome-budget`` (the optimal planner) runs at budgets that are fractions of plain backprop's
 measured device peak. Each row holds the plan's predicted device peak and added seconds
 beside the measured ones, so the frontier also shows how well the planner predicts.
-Then plain backprop, ``ome``, ``ome-swap``, three of the budgets and the plain step in the
-rewrite's order (``ome.ordered_backprop``) are timed again in one process, a step of each in
-turn (:data:`ROUNDS_STRATEGIES`, :data:`ROUNDS_FRACTIONS`, at least :data:`ROUNDS_STEPS`
-rounds), where the added seconds are measured against plain's at the same process speed
-and set beside the predicted ones, whole and beyond the order's own. Writes
-``frontier.csv``, ``frontier.md`` and ``frontier.png`` into ``--out`` (default
-``results/frontier/``); always measures afresh.
+Then every run that measured (strategies and budgets) and the plain step in the rewrite's
+order (``ome.ordered_backprop``) are timed again in one process, a step of each in turn (at
+least :data:`ROUNDS_STEPS` rounds), where the added seconds are measured against plain's at
+the same process speed and set beside the predicted ones, whole and beyond the order's own.
+With those paired times every other run is judged against ome's frontier
+(:func:`dominance`), and the plot draws them. Writes ``frontier.csv``, ``frontier.md`` and
+``frontier.png`` into ``--out`` (default ``results/frontier/``); always measures afresh.
 """
 import csv
 import dataclasses
 import os
+import statistics
 import time
 
 from benchmark_lib import plots, protocol
@@ -33,15 +34,20 @@ BASELINES = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-speed", "om
              "ome-swap", "ome-optimal-swap")
 #: Budgets, as fractions of plain backprop's measured device peak.
 FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
-#: Timed again side by side in one process after the runs (step times of separate
-#: processes move by up to a quarter on these machines, more than a plan adds): plain
-#: backprop, these strategies and the budgets at these fractions.
-ROUNDS_STRATEGIES = ("vanilla", "ome", "ome-swap")
-ROUNDS_FRACTIONS = (0.65, 0.75, 0.85)
-#: The fewest rounds they are timed in: a plan adds 0.04-0.5 s to a 0.65-1.7 s ResNet-50
-#: step whose steps spread by 5-15% in rounds, so even 45 rounds left a budget plan's
-#: added seconds uncertain by a third (2026-11-27); the table prints each one's interval.
+#: The fewest rounds every run is timed in again, side by side in one process (step times
+#: of separate processes move by up to a quarter on these machines, more than a plan adds):
+#: a plan adds 0.02-0.5 s to a 0.65-1.7 s ResNet-50 step whose steps spread by 5-15% in
+#: rounds, so even 45 rounds left a budget plan's added seconds uncertain by a third
+#: (2026-11-27); the table prints each one's interval.
 ROUNDS_STEPS = 30
+#: ome's frontier: the optimal planner's points, i.e. every budget, these strategies, and
+#: plain backprop (what ``memory_budget=`` builds when plain fits the budget).
+FRONTIER_STRATEGIES = ("vanilla", "ome-optimal", "ome-optimal-swap")
+#: A run within this share of plain backprop's device peak of a frontier point is at the
+#: same memory: the `memory_cost` of one strategy moved by 20 MiB (102-122 MiB, ome on
+#: ResNet-50; 2% of plain's peak is 13 MiB) between five fresh processes
+#: (`--interleaved`, 2026-11-27).
+MEMORY_NOISE = 0.02
 OUT = "results/frontier"
 
 
@@ -55,6 +61,12 @@ class Point:
     @property
     def label(self):
         return self.row.strategy if self.fraction is None else f"budget {self.fraction:.2f}"
+
+    def rounds_key(self, plain_peak):
+        """Its name in the rounds' results (a budget's is its bytes,
+        :func:`protocol.budget_label`)."""
+        return self.row.strategy if self.fraction is None else \
+            protocol.budget_label(int(self.fraction * plain_peak))
 
 
 def prepare(args):
@@ -105,12 +117,12 @@ def run(config):
             spec = dataclasses.replace(config.spec(RunKey(model, "ome-budget", batch)),
                                        budget=int(fraction * plain.device_peak_bytes))
             measure(spec, fraction)
-        budgets = {int(f * plain.device_peak_bytes): f for f in ROUNDS_FRACTIONS}
-        strategies = tuple(s for s in ROUNDS_STRATEGIES if s in config.strategies)
+        budgets = {int(p.fraction * plain.device_peak_bytes): p.fraction for p in points
+                   if p.fraction is not None and p.row.ok}
+        strategies = tuple(p.row.strategy for p in points if p.fraction is None and p.row.ok)
         steps = max(config.steps, ROUNDS_STEPS)
-        console.say(f"timing {', '.join(strategies)}, the budgets "
-                    f"{', '.join(f'{f:.2f}' for f in ROUNDS_FRACTIONS)} and the order alone "
-                    f"in one process, {steps} rounds")
+        console.say(f"timing {len(strategies) + len(budgets)} runs that measured and the "
+                    f"order alone in one process, {steps} rounds")
         spec = dataclasses.replace(config.rounds_spec(RoundsKey(model, batch, strategies)),
                                    profile=True, budgets=tuple(budgets), steps=steps)
         try:
@@ -119,7 +131,9 @@ def run(config):
             rounds = {"quartiles": {}, "predicted": {}, "failed": {"rounds": str(exc)}}
     os.makedirs(config.out, exist_ok=True)
     lines = table(points, plain) + [""] + rounds_table(rounds, strategies, budgets, steps)
-    _write(config, points, lines)
+    judged = dominance(points, rounds, plain.device_peak_bytes)
+    lines += [""] + judged if judged else []
+    _write(config, points, lines, rounds)
     print("\n".join(lines))
     console.say(f"done in {format_duration(time.monotonic() - began)}; wrote frontier.csv, "
                 f"frontier.md and frontier.png into {config.out}")
@@ -227,6 +241,57 @@ def rounds_table(rounds, strategies, budgets, steps):
     return lines
 
 
+def dominance(points, rounds, plain_peak):
+    """The Markdown lines judging every run timed in the rounds that is not on ome's
+    frontier (:data:`FRONTIER_STRATEGIES` and the budgets) against it: the frontier's
+    fastest point at no more device memory (:data:`MEMORY_NOISE` allowed), and whether
+    that point's step is slower than the run's beyond the paired interval of the rounds.
+    Empty without the rounds' times."""
+    times = rounds.get("times", {})
+    timed = [p for p in points if p.row.ok and p.rounds_key(plain_peak) in times]
+    front = [p for p in timed if p.fraction is not None or p.row.strategy in FRONTIER_STRATEGIES]
+    others = [p for p in timed if p not in front]
+    if not front or not others:
+        return []
+
+    def median(point):
+        return statistics.median(times[point.rounds_key(plain_peak)])
+
+    slack = MEMORY_NOISE * plain_peak
+    lines = [f"Against ome's frontier ({', '.join(FRONTIER_STRATEGIES)} and the budgets): for "
+             f"each other run, the frontier's fastest point whose device peak is at most "
+             f"{MEMORY_NOISE:.0%} of plain's peak ({slack / MiB:.0f} MiB) above the run's, and "
+             f"the seconds it adds to the run's step in the rounds (median, {CONFIDENCE:.0%} "
+             "paired interval). A run lies below-left of the frontier when that point is "
+             "slower beyond the interval, or when no frontier point needs as little memory.",
+             "", "| run | device peak MiB | frontier point | its device peak MiB | "
+             "its added s | interval s | verdict |", "|---|---|---|---|---|---|---|"]
+    beyond = 0
+    for point in others:
+        peak = point.row.device_peak_bytes
+        near = [f for f in front if f.row.device_peak_bytes <= peak + slack]
+        if not near:
+            beyond += 1
+            least = min(front, key=lambda f: f.row.device_peak_bytes)
+            lines.append(f"| {point.label} | {peak / MiB:.0f} | {least.label} | "
+                         f"{least.row.device_peak_bytes / MiB:.0f} | | | **left of the "
+                         "frontier** |")
+            continue
+        best = min(near, key=median)
+        low, high = added_interval(times[best.rounds_key(plain_peak)],
+                                   times[point.rounds_key(plain_peak)])
+        verdict = "the frontier is faster" if high < 0 else \
+            "**below the frontier**" if low > 0 else "level within the noise"
+        beyond += low > 0
+        lines.append(f"| {point.label} | {peak / MiB:.0f} | {best.label} | "
+                     f"{best.row.device_peak_bytes / MiB:.0f} | "
+                     f"{_seconds(median(best) - median(point))} | "
+                     f"{_seconds(low)} to {_seconds(high)} | {verdict} |")
+    lines += ["", f"Runs below-left of ome's frontier beyond the noise: {beyond} of "
+                  f"{len(others)}."]
+    return lines
+
+
 def _mib(value):
     return "-" if value is None else f"{value / MiB:.0f}"
 
@@ -235,7 +300,7 @@ def _seconds(value):
     return "-" if value is None else f"{value:+.3f}"
 
 
-def _write(config, points, lines):
+def _write(config, points, lines, rounds):
     with open(os.path.join(config.out, "frontier.csv"), "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(("budget_fraction",) + COLUMNS)
@@ -246,13 +311,14 @@ def _write(config, points, lines):
     header = (f"# Frontier: {model}, batch {config.batch_sizes[0]}, image "
               f"{config.image_sizes[model]}x{config.image_sizes[model]}\n\n"
               f"Measured {now()} on {_machine()}; step times are medians of "
-              f"{config.steps} steps. `added s`: step time minus plain backprop's; "
-              f"`predicted`: the plan's own estimates from the profile.\n\n")
+              f"{config.steps} steps in each run's own process, then side by side in "
+              f"rounds. `added s`: step time minus plain backprop's; `predicted`: the "
+              f"plan's own estimates from the profile.\n\n")
     with open(os.path.join(config.out, "frontier.md"), "w") as f:
         f.write(header + "\n".join(lines) + "\n")
     plot(points, os.path.join(config.out, "frontier.png"),
          f"{model}, batch {config.batch_sizes[0]}, "
-         f"{config.image_sizes[model]}x{config.image_sizes[model]}")
+         f"{config.image_sizes[model]}x{config.image_sizes[model]}", rounds)
 
 
 def _machine():
@@ -261,26 +327,38 @@ def _machine():
             f"{info.get('memory_bytes', 0) / 2**30:.1f} GiB, Python {info.get('python')}")
 
 
-def plot(points, path, title):
-    """Step time against device peak: ome-budget's frontier as a line, baselines as
-    points, both relative to plain backprop."""
+def plot(points, path, title, rounds=None):
+    """Step time against device peak: ome-budget's frontier as a line, other runs as
+    points, both relative to plain backprop. Times from the rounds (side by side in one
+    process) where ``rounds`` timed plain backprop; else each run's own process."""
     plt = plots._pyplot()
     plain = next(p.row for p in points if p.row.strategy == "vanilla")
+    times = (rounds or {}).get("quartiles", {})
+    peak = plain.device_peak_bytes
+    if "vanilla" in times:
+        def ratio(point):
+            key = point.rounds_key(peak)
+            return times[key][1] / times["vanilla"][1] if key in times else None
+        source = "timed side by side in one process, medians"
+    else:
+        def ratio(point):
+            return point.row.step_time_s / plain.step_time_s
+        source = "medians, each run in its own process"
+    drawn = [(p, ratio(p)) for p in points if p.row.ok]
+    drawn = [(p, y) for p, y in drawn if y is not None]
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    frontier = sorted((p.row.device_peak_bytes / plain.device_peak_bytes,
-                       p.row.step_time_s / plain.step_time_s)
-                      for p in points if p.fraction is not None and p.row.ok)
+    frontier = sorted((p.row.device_peak_bytes / peak, y) for p, y in drawn
+                      if p.fraction is not None)
     if frontier:
         ax.plot(*zip(*frontier), "-o", color="C0", label="ome-budget (optimal plan per budget)")
     style_of = plots.styles(list(dict.fromkeys(p.row.strategy for p in points
                                                if p.fraction is None)))
-    for p in points:
-        if p.fraction is None and p.row.ok:
+    for p, y in drawn:
+        if p.fraction is None:
             style = dict(style_of[p.row.strategy], linestyle="none", markersize=8)
-            ax.plot(p.row.device_peak_bytes / plain.device_peak_bytes,
-                    p.row.step_time_s / plain.step_time_s, **style)
+            ax.plot(p.row.device_peak_bytes / peak, y, **style)
     ax.set_xlabel("device peak / plain backprop's (measured)")
-    ax.set_ylabel("step time / plain backprop's\n(medians, each run in its own process)")
+    ax.set_ylabel(f"step time / plain backprop's\n({source})")
     ax.set_title(f"Memory-time frontier: {title}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the points
