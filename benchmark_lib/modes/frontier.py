@@ -16,7 +16,6 @@ With those paired times every other run is judged against ome's frontier
 import csv
 import dataclasses
 import os
-import statistics
 import time
 
 from benchmark_lib import plots, protocol
@@ -66,7 +65,13 @@ class Point:
         """Its name in the rounds' results (a budget's is its bytes,
         :func:`protocol.budget_label`)."""
         return self.row.strategy if self.fraction is None else \
-            protocol.budget_label(int(self.fraction * plain_peak))
+            protocol.budget_label(budget_bytes(self.fraction, plain_peak))
+
+
+def budget_bytes(fraction, plain_peak):
+    """The budget at ``fraction`` of plain backprop's device peak, in whole bytes: what
+    its run is planned for and what the rounds name it by."""
+    return int(fraction * plain_peak)
 
 
 def prepare(args):
@@ -115,10 +120,10 @@ def run(config):
                               f"from: {plain.reason}")
         for fraction in FRACTIONS:
             spec = dataclasses.replace(config.spec(RunKey(model, "ome-budget", batch)),
-                                       budget=int(fraction * plain.device_peak_bytes))
+                                       budget=budget_bytes(fraction, plain.device_peak_bytes))
             measure(spec, fraction)
-        budgets = {int(p.fraction * plain.device_peak_bytes): p.fraction for p in points
-                   if p.fraction is not None and p.row.ok}
+        budgets = {budget_bytes(p.fraction, plain.device_peak_bytes): p.fraction
+                   for p in points if p.fraction is not None and p.row.ok}
         strategies = tuple(p.row.strategy for p in points if p.fraction is None and p.row.ok)
         steps = max(config.steps, ROUNDS_STEPS)
         console.say(f"timing {len(strategies) + len(budgets)} runs that measured and the "
@@ -247,7 +252,7 @@ def dominance(points, rounds, plain_peak):
     fastest point at no more device memory (:data:`MEMORY_NOISE` allowed), and whether
     that point's step is slower than the run's beyond the paired interval of the rounds.
     Empty without the rounds' times."""
-    times = rounds.get("times", {})
+    times, quartiles = rounds.get("times", {}), rounds.get("quartiles", {})
     timed = [p for p in points if p.row.ok and p.rounds_key(plain_peak) in times]
     front = [p for p in timed if p.fraction is not None or p.row.strategy in FRONTIER_STRATEGIES]
     others = [p for p in timed if p not in front]
@@ -255,7 +260,7 @@ def dominance(points, rounds, plain_peak):
         return []
 
     def median(point):
-        return statistics.median(times[point.rounds_key(plain_peak)])
+        return quartiles[point.rounds_key(plain_peak)][1]
 
     slack = MEMORY_NOISE * plain_peak
     lines = [f"Against ome's frontier ({', '.join(FRONTIER_STRATEGIES)} and the budgets): for "
