@@ -285,8 +285,8 @@ def test_random_graphs_fit_their_limit_and_never_beat_brute_force(view):
     assert smallest <= simulate.simulate(view, select.auto(view)).device_peak
 
 
-# Derandomized: a fresh draw can hit a graph where the smallest peak is missed (below), and
-# a suite that fails at random lands nothing; the long fuzz explores new graphs.
+# Derandomized: a fresh draw can hit a graph where the smallest peak is missed (the xfail
+# at the end of this file), and a suite that fails at random lands nothing.
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           derandomize=True)
 @given(random_views(most_ops=4))
