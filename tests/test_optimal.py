@@ -221,19 +221,25 @@ def test_the_frontier_trades_time_for_memory():
 @st.composite
 def random_views(draw, most_ops=7):
     """Small random DAGs of tanh/sin/matmul/mul/add ops, each with its own gradient."""
-    forward, tensors, specs = [("x", "Placeholder", [], 1)], ["x:0"], []
-    sizes = {}
+    tensors, specs, sizes = ["x:0"], [], {}
     for i in range(draw(st.integers(3, most_ops))):
         kind = draw(st.sampled_from(["Tanh", "Sin", "MatMul", "Mul", "AddV2"]))
         arity = 2 if kind in ("Mul", "AddV2") else 1
         inputs = [draw(st.sampled_from(tensors[-3:]))] + \
             [draw(st.sampled_from(tensors)) for _ in range(arity - 1)]
-        cost = draw(st.sampled_from([1e9, 4e9]))
-        forward.append((f"f{i}", kind, inputs, 1, {"cost": cost}))
-        specs.append((f"f{i}", kind, inputs))
+        specs.append((f"f{i}", kind, inputs, draw(st.sampled_from([1e9, 4e9]))))
         tensors.append(f"f{i}:0")
         sizes[f"f{i}:0"] = draw(st.sampled_from([1, 2, 3])) * MiB
-    read = {t for _, _, inputs in specs for t in inputs}
+    return view_of_specs(specs, sizes)
+
+
+def view_of_specs(specs, sizes):
+    """The view of ops ``specs`` ((name, kind, inputs, FLOPs) in forward order, reading
+    ``x:0`` or earlier outputs) summed into ``y``, with each op's own gradient."""
+    forward = [("x", "Placeholder", [], 1)] + \
+        [(name, kind, inputs, 1, {"cost": cost}) for name, kind, inputs, cost in specs]
+    tensors = ["x:0"] + [f"{name}:0" for name, _, _, _ in specs]
+    read = {t for _, _, inputs, _ in specs for t in inputs}
     loose = [t for t in tensors[1:] if t not in read]
     forward.append(("y", "AddN" if len(loose) > 1 else "Sum", loose, 1))
     backward, grads = seed(), {t: ["g_y:0"] for t in loose}
@@ -246,7 +252,7 @@ def random_views(draw, most_ops=7):
         backward.append((name, "AddN", parts, 1))
         return f"{name}:0"
 
-    for name, kind, inputs in reversed(specs):
+    for name, kind, inputs, _ in reversed(specs):
         out = f"{name}:0"
         if out not in grads:
             continue
@@ -376,20 +382,9 @@ def test_smallest_peak_on_a_branchy_graph_hypothesis_found():
     from 6 to 5 MiB (f0 is freed while d_f3 runs), but the min-peak program's plan
     recomputes f0, f1 and f2, which simulates at 6 MiB (f2's recomputation rebuilds the
     2 MiB f1 beside it), and optimal returns plain backprop."""
-    forward = [("x", "Placeholder", [], 1),
-               ("f0", "Tanh", ["x:0"], 1, {"cost": 1e9}),
-               ("f1", "Sin", ["x:0"], 1, {"cost": 1e9}),
-               ("f2", "Tanh", ["f1:0"], 1, {"cost": 1e9}),
-               ("f3", "Tanh", ["f0:0"], 1, {"cost": 1e9}),
-               ("y", "AddN", ["f2:0", "f3:0"], 1)]
-    backward = seed() + [("d_f3", "TanhGrad", ["f3:0", "g_y:0"], 1),
-                         ("d_f2", "TanhGrad", ["f2:0", "g_y:0"], 1),
-                         ("cos_f1", "Cos", ["x:0"], 1),
-                         ("d_f1", "Mul", ["cos_f1:0", "d_f2:0"], 1),
-                         ("d_f0", "TanhGrad", ["f0:0", "d_f3:0"], 1),
-                         ("sum_x_0", "AddN", ["d_f1:0", "d_f0:0"], 1)]
-    sizes = {"x:0": MiB, "f0:0": MiB, "f1:0": 2 * MiB, "f2:0": MiB, "f3:0": 2 * MiB}
-    view = view_of(forward, backward, "sum_x_0:0", sizes)
+    view = view_of_specs([("f0", "Tanh", ["x:0"], 1e9), ("f1", "Sin", ["x:0"], 1e9),
+                          ("f2", "Tanh", ["f1:0"], 1e9), ("f3", "Tanh", ["f0:0"], 1e9)],
+                         {"f0:0": MiB, "f1:0": 2 * MiB, "f2:0": MiB, "f3:0": 2 * MiB})
     model = CostModel(bandwidth=2e11)
     recompute_f0 = make_plan(view, {"f0:0": Decision.RECOMPUTE}, {}, "by hand",
                              host_device=HOST)
