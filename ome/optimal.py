@@ -50,7 +50,8 @@ SOLVER_NAMES = {SOLVER_OPTIMAL: "HiGHS optimal", SOLVER_TIME_LIMIT: "HiGHS time 
                 SOLVER_PLAIN: "plain backprop fits",
                 SOLVER_REFERENCE: "the reference mode's plan: no solver plan was faster"}
 _SOLVED = (SOLVER_OPTIMAL, SOLVER_TIME_LIMIT)
-# The polish stops after this many undone decisions in a row made the peak too high.
+# The polish and the descent stop after this many undone decisions in a row that did
+# not help.
 POLISH_MISSES = 3
 # A solve gets at least this long, even past the deadline (one solve always completes).
 MIN_SOLVE_SECONDS = 0.5
@@ -85,7 +86,7 @@ class _Trial:
     gap: float
     model_peak: float = float("nan")
     target: Optional[float] = None  # the modelled limit solved for (None: smallest)
-    polished: int = 0  # decisions undone by the polish
+    polished: int = 0  # decisions of a solver's plan undone by the polish or the descent
 
 
 @dataclass
@@ -771,7 +772,8 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     solver and the simulations checking its plans); one solve always completes.
     Estimates: ``device_peak`` (simulated), ``added_seconds``, ``solver`` (a code, see
     ``SOLVER_NAMES``), ``gap`` (HiGHS's relative optimality gap on the model; nan when
-    no solver plan was chosen), ``solve_seconds``, ``model_peak``, ``limit``.
+    no solver plan was chosen), ``solve_seconds``, ``model_peak``, ``limit``,
+    ``polished`` (decisions of the solver's plan undone after the solve).
     Raises :class:`ome.errors.BudgetError` naming the smallest peak reached when nothing
     fits.
     """
@@ -846,13 +848,16 @@ class _Search:
         return self.polish(min(self.fitting(limit), key=lambda t: t.seconds), limit)
 
     def smallest(self):
-        """The smallest simulated peak of the program's min-peak plan and
+        """The smallest simulated peak of the program's min-peak plan (descended) and
         ``select.auto``'s, then the cheapest plan found at that peak."""
         self.auto()
         # Proving the smallest peak is the hard part (a weak LP bound): keep time for
         # the cheapest plan at the peak found.
-        if self.solve(None, seconds=self.remaining() / 2) is None:
+        trial = self.solve(None, seconds=self.remaining() / 2)
+        if trial is None:
             log.warning("optimal: HiGHS found no min-peak plan; using select.auto's")
+        else:
+            self.descend(trial)
         least = min(self.trials, key=lambda t: (t.peak, t.seconds))
         return self.fit(least.peak)
 
@@ -909,7 +914,7 @@ class _Search:
         return self.simulated(make(), status)
 
     def simulated(self, plan, status, *, gap=float("nan"), model_peak=float("nan"),
-                  target=None):
+                  target=None, polished=0):
         """``plan`` simulated; a solver plan with the decisions of one simulated before
         is that one."""
         problem = self.problem
@@ -920,14 +925,28 @@ class _Search:
                 return trial
         peak = simulate.simulate(problem.view, plan, problem.model).device_peak
         trial = _Trial(plan, peak, planner.added_seconds(problem.view, plan, problem.model),
-                       status, gap, model_peak, target)
+                       status, gap, model_peak, target, polished)
         self.trials.append(trial)
         return trial
 
     def polish(self, trial, limit):
         """Undo recomputations and swaps of ``trial`` one at a time, the dearest first,
-        while the simulated peak still fits ``limit``: what the model's pessimism left.
-        Stops at the deadline."""
+        while the simulated peak still fits ``limit``: what the model's pessimism left."""
+        return self.undo_while(
+            trial, lambda candidate, best: candidate.peak <= limit and
+            candidate.seconds < best.seconds)
+
+    def descend(self, trial):
+        """Undo recomputations and swaps of the min-peak ``trial`` one at a time while
+        the simulated peak falls: the program's stages can count a tensor that a
+        recomputation frees, so its smallest modelled plan may recompute more than the
+        smallest simulated peak needs."""
+        return self.undo_while(trial, lambda candidate, best: candidate.peak < best.peak)
+
+    def undo_while(self, trial, better):
+        """Undo ``trial``'s decisions one group at a time, the dearest first, keeping
+        each undo that makes the plan ``better(candidate, best)``; stops after
+        POLISH_MISSES misses in a row or at the deadline."""
         best, misses = trial, 0
         if trial.status not in _SOLVED:
             return best
@@ -938,9 +957,9 @@ class _Search:
             decisions.update({t: Decision.KEEP for t in tensors})
             candidate = self.simulated(_plan(self.problem, decisions), best.status,
                                        gap=best.gap, model_peak=best.model_peak,
-                                       target=best.target)
-            if candidate.peak <= limit and candidate.seconds < best.seconds:
-                best, misses = replace(candidate, polished=best.polished + 1), 0
+                                       target=best.target, polished=best.polished + 1)
+            if better(candidate, best):
+                best, misses = candidate, 0
             else:
                 misses += 1
         return best
