@@ -16,6 +16,7 @@ setup(
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "plots": ["matplotlib", "tqdm"],  # benchmark.py's plots and progress bar
-        "test": ["pytest>=7", "matplotlib", "hypothesis"],
+        # pytest-xdist: the suite runs on two workers (README's test command)
+        "test": ["pytest>=7", "pytest-xdist", "matplotlib", "hypothesis"],
     },
 )
