@@ -857,7 +857,7 @@ class _Search:
         if trial is None:
             log.warning("optimal: HiGHS found no min-peak plan; using select.auto's")
         else:
-            self.descend(trial)
+            self.descend(trial)  # its plans join the trials the smallest is taken from
         least = min(self.trials, key=lambda t: (t.peak, t.seconds))
         return self.fit(least.peak)
 
@@ -938,9 +938,9 @@ class _Search:
 
     def descend(self, trial):
         """Undo recomputations and swaps of the min-peak ``trial`` one at a time while
-        the simulated peak falls: the program's stages can count a tensor that a
-        recomputation frees, so its smallest modelled plan may recompute more than the
-        smallest simulated peak needs."""
+        the simulated peak falls: the program's stages can miss a tensor that a
+        recomputation rebuilds beside the one it needs, so its smallest modelled plan
+        may recompute more than the smallest simulated peak needs."""
         return self.undo_while(trial, lambda candidate, best: candidate.peak < best.peak)
 
     def undo_while(self, trial, better):
