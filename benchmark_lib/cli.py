@@ -64,6 +64,17 @@ def _positive_int(text):
     return values[0]
 
 
+def _fractions(text):
+    problem = f"expected fractions in (0, 1] separated by commas, got {text!r}"
+    try:
+        values = [float(x) for x in _comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(problem) from None
+    if not values or not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(problem)
+    return sorted(set(values))
+
+
 def _positive_float(text):
     try:
         value = float(text)
@@ -107,6 +118,10 @@ def make_parser(modes):
     p.add_argument("--budget", help="device memory budget: strategies that take a "
                                     "memory_budget get it, and a run whose device peak "
                                     "exceeds it is oom")
+    p.add_argument("--fractions", type=_fractions,
+                   help="--frontier's budgets, as fractions of plain backprop's measured "
+                        "device peak (default 0.55,0.6,...,0.95); a budget below the "
+                        "smallest reachable is a refused row naming it")
     p.add_argument("--out", help=f"results folder (default {quick.out}/; {thesis.out}/ with "
                                  f"--preset thesis; results/max-batch/ with --max-batch)")
     p.add_argument("--preset", choices=sorted(PRESETS),

@@ -581,11 +581,21 @@ def test_frontier_dominance_judges_every_other_run_by_paired_rounds(tmp_path):
     (["--frontier", "--budget", "1GiB"], "--budget does not apply to --frontier"),
     (["--frontier", "--strategies", "ome"], "--frontier needs vanilla"),
     (["--frontier", "--jobs", "2"], "--jobs does not apply to --frontier"),
+    (["--frontier", "--fractions", "0.5,1.2"], "expected fractions in (0, 1]"),
+    (["--frontier", "--fractions", "half"], "expected fractions in (0, 1]"),
+    (["--fractions", "0.5"], "--fractions does not apply to the sweep"),
 ])
 def test_frontier_refusals(capsys, tmp_path, monkeypatch, argv, fragment):
     monkeypatch.chdir(tmp_path)
     assert fragment in _cli_error(capsys, argv)
     assert not os.listdir(tmp_path)
+
+
+def test_frontier_budgets_default_to_the_fractions_and_take_the_ones_given():
+    assert frontier.prepare(_parse(["--frontier"])).fractions == frontier.FRACTIONS
+    given = frontier.prepare(_parse(["--frontier", "--fractions", "0.5, 0.45,0.5"]))
+    assert given.fractions == (0.45, 0.5)
+    assert given.config.models == ("resnet50",) and given.config.profile
 
 
 @pytest.mark.parametrize("argv, fragment", [

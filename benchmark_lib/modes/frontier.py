@@ -31,7 +31,7 @@ from benchmark_lib.units import MiB, format_duration
 #: Strategies measured once each, as points beside the frontier.
 BASELINES = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-speed", "ome-optimal",
              "ome-swap", "ome-optimal-swap")
-#: Budgets, as fractions of plain backprop's measured device peak.
+#: Budgets, as fractions of plain backprop's measured device peak (``--fractions``).
 FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 #: The fewest rounds every run is timed in again, side by side in one process (step times
 #: of separate processes move by up to a quarter on these machines, more than a plan adds):
@@ -85,17 +85,26 @@ def prepare(args):
     if "vanilla" not in config.strategies:
         raise ConfigError("--frontier needs vanilla among --strategies: budgets are "
                           "fractions of its peak")
-    return config
+    return Prepared(config, tuple(args.fractions or FRACTIONS))
 
 
-def run(config):
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A checked ``--frontier``: the runs' settings and the budgets' fractions."""
+
+    config: object  # benchmark_lib.config.BenchConfig
+    fractions: tuple
+
+
+def run(prepared):
+    config, fractions = prepared.config, prepared.fractions
     console = Console()
     for note in config.notes:
         console.say(f"note: {note}")
     model, batch = config.models[0], config.batch_sizes[0]
-    total = len(config.strategies) + len(FRACTIONS)
+    total = len(config.strategies) + len(fractions)
     console.say(f"frontier of {model}, batch {batch}, image {config.image_sizes[model]}: "
-                f"{len(config.strategies)} strategies, then ome-budget at {len(FRACTIONS)} "
+                f"{len(config.strategies)} strategies, then ome-budget at {len(fractions)} "
                 f"budgets; each run profiles the plain step first")
     began = time.monotonic()
     points = []
@@ -118,7 +127,7 @@ def run(config):
         if not plain.ok:
             raise ConfigError(f"plain backprop failed, so there is no peak to take budgets "
                               f"from: {plain.reason}")
-        for fraction in FRACTIONS:
+        for fraction in fractions:
             spec = dataclasses.replace(config.spec(RunKey(model, "ome-budget", batch)),
                                        budget=budget_bytes(fraction, plain.device_peak_bytes))
             measure(spec, fraction)
@@ -374,8 +383,8 @@ def plot(points, path, title, rounds=None):
 
 MODE = Mode(name="frontier", flag="--frontier",
             help="one model (default resnet50): every planned strategy, then ome-budget at "
-                 "budgets from 0.55 to 0.95 of plain backprop's peak, measured and predicted "
-                 "(writes results/frontier/)",
+                 "budgets from 0.55 to 0.95 of plain backprop's peak (--fractions), measured "
+                 "and predicted (writes results/frontier/)",
             options=frozenset({"models", "model", "strategies", "batch_size", "image_size",
-                               "steps", "warmup", "out", "timeout"}),
+                               "steps", "warmup", "out", "timeout", "fractions"}),
             prepare=prepare, run=run)
