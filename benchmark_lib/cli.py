@@ -46,15 +46,21 @@ def _comma_list(text):
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def _positive_ints(text):
-    problem = f"expected positive integers separated by commas, got {text!r}"
+def _numbers(text, convert, valid, wanted):
+    """``text``'s comma list, each item converted and ``valid``, else an error naming
+    what was ``wanted``."""
+    problem = f"expected {wanted} separated by commas, got {text!r}"
     try:
-        values = [int(x) for x in _comma_list(text)]
+        values = [convert(x) for x in _comma_list(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(problem) from None
-    if not values or min(values) < 1:
+    if not values or not all(valid(v) for v in values):
         raise argparse.ArgumentTypeError(problem)
     return values
+
+
+def _positive_ints(text):
+    return _numbers(text, int, lambda v: v >= 1, "positive integers")
 
 
 def _positive_int(text):
@@ -65,14 +71,7 @@ def _positive_int(text):
 
 
 def _fractions(text):
-    problem = f"expected fractions in (0, 1] separated by commas, got {text!r}"
-    try:
-        values = [float(x) for x in _comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(problem) from None
-    if not values or not all(0 < v <= 1 for v in values):
-        raise argparse.ArgumentTypeError(problem)
-    return sorted(set(values))
+    return sorted(set(_numbers(text, float, lambda v: 0 < v <= 1, "fractions in (0, 1]")))
 
 
 def _positive_float(text):
