@@ -104,8 +104,9 @@ def run(prepared):
     model, batch = config.models[0], config.batch_sizes[0]
     total = len(config.strategies) + len(fractions)
     console.say(f"frontier of {model}, batch {batch}, image {config.image_sizes[model]}: "
-                f"{len(config.strategies)} strategies, then ome-budget at {len(fractions)} "
-                f"budgets; each run profiles the plain step first")
+                f"strategies {', '.join(config.strategies)}, then ome-budget at "
+                f"{', '.join(f'{f:.2f}' for f in fractions)} of plain's peak; each run "
+                f"profiles the plain step first")
     began = time.monotonic()
     points = []
     with Pool(1) as pool:
