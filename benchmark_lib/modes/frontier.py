@@ -17,9 +17,10 @@ import csv
 import dataclasses
 import os
 import time
+from typing import Tuple
 
 from benchmark_lib import plots, protocol
-from benchmark_lib.config import ConfigError, RoundsKey, RunKey, from_args
+from benchmark_lib.config import BenchConfig, ConfigError, RoundsKey, RunKey, from_args
 from benchmark_lib.environment import machine_info, now
 from benchmark_lib.modes import Mode
 from benchmark_lib.pool import Pool, WorkerFailed
@@ -74,6 +75,14 @@ def budget_bytes(fraction, plain_peak):
     return int(fraction * plain_peak)
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A checked ``--frontier``: the runs' settings and the budgets' fractions."""
+
+    config: BenchConfig
+    fractions: Tuple[float, ...]
+
+
 def prepare(args):
     named = list(args.models or []) + ([args.model] if args.model else [])
     if len(named) > 1 or "all" in named:
@@ -86,14 +95,6 @@ def prepare(args):
         raise ConfigError("--frontier needs vanilla among --strategies: budgets are "
                           "fractions of its peak")
     return Prepared(config, tuple(args.fractions or FRACTIONS))
-
-
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """A checked ``--frontier``: the runs' settings and the budgets' fractions."""
-
-    config: object  # benchmark_lib.config.BenchConfig
-    fractions: tuple
 
 
 def run(prepared):
