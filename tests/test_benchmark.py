@@ -391,21 +391,18 @@ def test_progress_draws_a_bar_on_a_terminal_with_lines_above_it():
 # ----------------------------------------------------------------------------------------
 
 
-def test_bad_arguments_fail_fast_without_importing_tensorflow():
-    script = ("import json, sys, time; from benchmark_lib.cli import main\n"
-              "start = time.perf_counter()\n"
+def test_bad_arguments_fail_before_importing_tensorflow():
+    # What makes a refusal slow is importing TensorFlow (seconds); asserting that it was
+    # not imported, rather than a wall time, holds on a loaded machine too.
+    script = ("import json, sys; from benchmark_lib.cli import main\n"
               "try:\n    main(['--models', 'resnet17'])\n"
               "except SystemExit as exc:\n    code = exc.code\n"
-              "print(json.dumps({'code': code, 'tf': 'tensorflow' in sys.modules,\n"
-              "                  'seconds': time.perf_counter() - start}))\n")
-    began = time.perf_counter()
+              "print(json.dumps({'code': code, 'tf': 'tensorflow' in sys.modules}))\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
-    wall = time.perf_counter() - began
     result = json.loads(proc.stdout)
     assert result["code"] == 2 and "unknown model(s) resnet17" in proc.stderr
     assert not result["tf"]
-    assert result["seconds"] < 1.0 and wall < 2.5
 
 
 def _cli_error(capsys, argv):
