@@ -40,7 +40,7 @@ __all__ = [
 _MiB = 1 << 20
 
 _FIXES = (
-    "Either call ome.emulate_host() at the start of the program, before any session or op "
+    "Either call ome.host.emulate_host() at the start of the program, before any session or op "
     "is created, or configure the devices yourself with "
     "tf.config.set_logical_device_configuration(tf.config.list_physical_devices('CPU')[0], "
     "[tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])."
