@@ -331,6 +331,9 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
     def local(t):
         return None if t is None else scratch.get_tensor_by_name(t.name)
 
+    if tf_options.get("stop_gradients"):
+        tf_options = {**tf_options,
+                      "stop_gradients": [local(t) for t in tf_options["stop_gradients"]]}
     _, view, _ = _build_and_capture([local(t) for t in ys], [local(t) for t in xs],
                                     [local(g) for g in grad_ys], scope, batch_size, tf_options)
     return scratch, view

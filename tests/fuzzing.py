@@ -31,7 +31,7 @@ import ome
 from ome import planner
 from ome.costs import CostModel
 from ome.errors import InternalError, OmeError
-from tests.randomgraphs import TOLERANCE, Interior
+from tests.randomgraphs import TOLERANCE, Interior, tf_gradients_options
 
 HOST = "/device:CPU:1"
 RUN_TIMEOUT_MS = 60_000  # a deadlocked rewrite becomes a crash, not a hang
@@ -52,6 +52,7 @@ class Pick:
 CHECKPOINT_LIST = Pick("checkpoint list")
 SWAP_SUBSET = Pick("subset of the checkpoint list")
 PINS = Pick("pins")
+STOP_LIST = Pick("stop_gradients list")
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,14 @@ SETTINGS = [
     # Midway between ome's predicted "auto" and plain peaks: the planner must recompute.
     Setting("budget-mid", {"memory_budget": PlannedBudget(0.5)}),
     Setting("budget-1.2", {"memory_budget": Budget(1.2)}),
+    # tf.gradients' own options, given to both: ome passes them to the tf.gradients it
+    # rewrites, so its plans must hold for the backward pass they shape.
+    Setting("tf-options", {"checkpoints": "optimal", "gate_gradients": True,
+                           "aggregation_method": tf.AggregationMethod.EXPERIMENTAL_ACCUMULATE_N,
+                           "unconnected_gradients": "zero"}),
+    Setting("stop-gradients", {"checkpoints": "auto", "stop_gradients": STOP_LIST}),
+    Setting("stop-gradients-swap", {"checkpoints": CHECKPOINT_LIST, "swap": SWAP_SUBSET,
+                                    "host_device": HOST, "stop_gradients": STOP_LIST}),
 ] + ([Setting("pin", {"pin": PINS, "host_device": HOST})] if pins_supported() else [])
 
 
@@ -214,6 +223,8 @@ def options_for(program, setting):
         elif value is PINS:
             chosen = rng.sample(refs, min(3, len(refs)))
             concrete[key] = {ref: rng.choice(("keep", "recompute", "swap")) for ref in chosen}
+        elif value is STOP_LIST:
+            concrete[key] = rng.sample(refs, min(2, len(refs)))
         elif isinstance(value, (Budget, PlannedBudget)):
             concrete[key] = value.bytes_for(program)
         else:
@@ -288,11 +299,11 @@ def _judge_in_graph(program, setting, graph):
     ``graph``."""
     try:
         case = program.build()
-        want = tf.gradients(case.ys, case.xs, case.grad_ys)
+        options = case.bind(options_for(program, setting))
+        want = tf.gradients(case.ys, case.xs, case.grad_ys, **tf_gradients_options(options))
     except Exception:  # pylint: disable=broad-except
         return ("invalid_program", "build or tf.gradients raised\n" + traceback.format_exc(),
                 None, "")
-    options = case.bind(options_for(program, setting))
     ops_before = len(graph.get_operations())
     try:
         got, (plan, _) = ome.gradients(case.ys, case.xs, case.grad_ys, return_info=True,

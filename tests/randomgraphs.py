@@ -218,10 +218,26 @@ class Program:
     def to_script(self, options=None):
         """A standalone script that rebuilds this graph and compares ``ome.gradients``
         (called with keyword ``options``, which may name ``interior[i]``) with
-        ``tf.gradients``. It exits non-zero when they differ."""
-        call = "".join(f", {k}={v!r}" for k, v in (options or {}).items())
+        ``tf.gradients`` (called with those of them it takes,
+        :func:`tf_gradients_options`). It exits non-zero when they differ."""
+        def call(kwargs):
+            return "".join(f", {k}={v!r}" for k, v in kwargs.items())
+
+        options = options or {}
         return (SCRIPT_HEAD.format(description=self.describe()) + HELPERS + "\n\nfeed = {}\n"
-                + self.source() + SCRIPT_CHECK.format(call=call, tolerance=TOLERANCE))
+                + self.source() + SCRIPT_CHECK.format(
+                    call=call(options), tf_call=call(tf_gradients_options(options)),
+                    tolerance=TOLERANCE))
+
+
+# ome.gradients options that are tf.gradients' own: a judge passes them to both.
+TF_GRADIENTS_OPTIONS = ("gate_gradients", "aggregation_method", "stop_gradients",
+                        "unconnected_gradients")
+
+
+def tf_gradients_options(options):
+    """The entries of ``options`` that ``tf.gradients`` takes too."""
+    return {k: v for k, v in options.items() if k in TF_GRADIENTS_OPTIONS}
 
 
 SCRIPT_HEAD = '''"""Replay of a random graph program ({description}).
@@ -241,7 +257,7 @@ tf.compat.v1.disable_eager_execution()
 '''
 
 SCRIPT_CHECK = '''
-want = tf.gradients(ys, xs, grad_ys)
+want = tf.gradients(ys, xs, grad_ys{tf_call})
 got = ome.gradients(ys, xs, grad_ys{call})
 same_none = [g is None for g in got] == [w is None for w in want]
 print("tf.gradients None at", [i for i, w in enumerate(want) if w is None],

@@ -85,6 +85,28 @@ def test_unconnected_xs_gives_none_or_zero(graph):
         np.testing.assert_array_equal(sess.run(zero[-1]), np.zeros((3, 3), np.float32))
 
 
+@pytest.mark.parametrize("options", [
+    {"checkpoints": "memory"},  # planned on a copy of the graph first: it may refuse
+    {"checkpoints": "auto", "gate_gradients": True, "unconnected_gradients": "zero",
+     "aggregation_method": tf.AggregationMethod.EXPERIMENTAL_ACCUMULATE_N},
+])
+def test_tf_gradients_own_options_shape_the_backward_ome_rewrites(graph, options):
+    case = graphs.mlp()
+    stop = case.interior[1]  # the weights before it get no gradient
+    tf_options = {k: v for k, v in options.items() if k != "checkpoints"}
+    grads, (plan, _) = ome.gradients(case.ys, case.xs, stop_gradients=[stop],
+                                     return_info=True, **options)
+    want = tf.gradients(case.ys, case.xs, stop_gradients=[stop], **tf_options)
+    assert plan.recomputed
+    assert [g is None for g in grads] == [w is None for w in want]
+    assert any(w is None for w in want) or tf_options.get("unconnected_gradients") == "zero"
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        got, expected = sess.run([[g for g in grads if g is not None],
+                                  [w for w in want if w is not None]], case.feed)
+    assert_same(got, expected)
+
+
 def test_dropout_is_not_recomputed_with_new_randomness(graph):
     x, feed = graphs._input((64, 256))  # pylint: disable=protected-access
     ws = [graphs._weight((256, 256), f"dw{i}", i) for i in range(6)]  # pylint: disable=protected-access
