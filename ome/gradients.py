@@ -89,11 +89,6 @@ def _validate_inputs(ys, xs, grad_ys):
                 raise errors.InvalidArgumentError(
                     f"{what} entry {t.name} belongs to another graph than ys[0] "
                     f"({ys[0].name}); all tensors must come from one graph")
-    for y in ys:
-        if not (y.dtype.is_floating or y.dtype.is_complex):
-            raise errors.InvalidArgumentError(
-                f"ys entry {y.name} has dtype {y.dtype.name}: only floating-point ys can be "
-                "differentiated")
     grad_ys = _as_list(grad_ys) or [None] * len(ys)
     if len(grad_ys) != len(ys):
         raise errors.InvalidArgumentError(

@@ -814,7 +814,22 @@ def draw_program(chooser, size=16, seed=None):
     ys = _ys(b)
     grad_ys = _grad_ys(b, ys)
     xs = _xs(b, ys, exclude=set(g for g in grad_ys or () if g is not None))
+    _integer_y(b, ys, grad_ys)  # drawn last: the programs without one stay as they were
     return Program(b.values, b.ops, ys, xs, grad_ys, _interior(b, ys, xs), seed=seed)
+
+
+def _integer_y(b, ys, grad_ys):
+    """Sometimes one more y: the sum of an int32 tensor (tf.gradients accepts it, and it
+    adds no gradient), with a None or int32 grad_ys entry."""
+    if not b.ch.chance(10):
+        return
+    x = b.pick_float()
+    v = b.values[x]
+    rounded = b.add_one("to_int", [x], Value(v.shape, "int32", 4 * v.scale + 1))
+    ys.append(b.add_one("reduce_sum", [rounded], Value((), "int32"), axis=None,
+                        keepdims=False))
+    if grad_ys is not None:
+        grad_ys.append(b.leaf((), "int32", kind="constant") if b.ch.chance(50) else None)
 
 
 def generate(seed, size=16):

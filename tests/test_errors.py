@@ -76,13 +76,6 @@ def test_empty_xs(graph):
                      lambda: ome.gradients(case.ys, []))
 
 
-def test_integer_ys(graph):
-    x = tf.compat.v1.placeholder(tf.float32, [4])
-    y = tf.cast(tf.reduce_sum(x), tf.int32)
-    raises_unchanged(graph, errors.InvalidArgumentError, "int32",
-                     lambda: ome.gradients([y], [x]))
-
-
 @pytest.mark.parametrize("flow", ["while_loop", "cond"])
 def test_control_flow_is_kept_whole_and_the_rest_recomputed(graph, flow):
     # A loop or branch is one opaque op: never copied, its outputs kept; the chains before

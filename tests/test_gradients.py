@@ -107,6 +107,18 @@ def test_tf_gradients_own_options_shape_the_backward_ome_rewrites(graph, options
     assert_same(got, expected)
 
 
+def test_integer_ys_add_no_gradient_as_in_tf_gradients(graph):
+    case = graphs.tanh_chain(layers=20)
+    integer_y = tf.cast(tf.reduce_sum(case.interior[1]), tf.int32)
+    assert ome.gradients([integer_y], case.xs) == [None] == tf.gradients([integer_y], case.xs)
+    ys = case.ys + [integer_y]
+    grads, (plan, _) = ome.gradients(ys, case.xs, return_info=True)
+    assert plan.recomputed
+    with tf.compat.v1.Session() as sess:
+        got, want = sess.run([grads, tf.gradients(ys, case.xs)], case.feed)
+    assert_same(got, want)
+
+
 def test_dropout_is_not_recomputed_with_new_randomness(graph):
     x, feed = graphs._input((64, 256))  # pylint: disable=protected-access
     ws = [graphs._weight((256, 256), f"dw{i}", i) for i in range(6)]  # pylint: disable=protected-access
