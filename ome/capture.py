@@ -18,6 +18,7 @@ CONTROL_FLOW_OPS = frozenset({
     "NextIteration", "RefNextIteration", "LoopCond", "While", "StatelessWhile", "If",
     "StatelessIf", "Case", "StatelessCase",
 })
+NEXT_ITERATION_OPS = frozenset({"NextIteration", "RefNextIteration"})
 # Outputs that alias memory held across steps: reading them again costs nothing.
 PERSISTENT_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "Variable",
                             "Const", "Placeholder", "PlaceholderWithDefault"})
@@ -131,7 +132,7 @@ def _order(ops):
     g.add_nodes_from(ops)
     for op in ops:
         for t in op.inputs:
-            if t.op in ops:
+            if t.op in ops and t.op.type not in NEXT_ITERATION_OPS:
                 g.add_edge(t.op, op)
         for c in op.control_inputs:
             if c in ops:
@@ -157,7 +158,7 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
         is_backward = op in backward
         ok, why = (False, "") if is_backward else recomputable(op)
         ops[op.name] = OpInfo(
-            name=op.name, type=op.type, inputs=tuple(t.name for t in op.inputs),
+            name=op.name, type=op.type, inputs=_acyclic_inputs(op),
             outputs=tuple(t.name for t in op.outputs),
             control_inputs=tuple(c.name for c in op.control_inputs
                                  if c in backward or c in forward),
@@ -173,6 +174,13 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
     return GraphView(ops, tensors, [o.name for o in _order(forward)],
                      [o.name for o in _order(backward)], [x.name for x in xs],
                      [y.name for y in ys], [_grad_name(g) for g in grads], seeds)
+
+
+def _acyclic_inputs(op):
+    """``op``'s input names, less a TF1 loop's back edge (``NextIteration`` into
+    ``Merge``): the view is a DAG that runs each loop's body once. Nothing of a loop is
+    copied or rewired, so only memory replays see the difference."""
+    return tuple(t.name for t in op.inputs if t.op.type not in NEXT_ITERATION_OPS)
 
 
 def _grad_name(grad):

@@ -321,7 +321,13 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
     graph = ys[0].graph
     scratch = tf.Graph()
     with scratch.as_default():
-        tf.graph_util.import_graph_def(graph.as_graph_def(), name="")
+        if any(tfprivate.in_v1_control_flow(op) for op in graph.get_operations()):
+            # a GraphDef drops TF1 loop and cond contexts, which tf.gradients needs; a
+            # MetaGraphDef keeps them
+            tf.compat.v1.train.import_meta_graph(
+                tf.compat.v1.train.export_meta_graph(graph=graph), clear_devices=False)
+        else:
+            tf.graph_util.import_graph_def(graph.as_graph_def(), name="")
 
     def local(t):
         return None if t is None else scratch.get_tensor_by_name(t.name)

@@ -23,6 +23,12 @@ from ome import errors
 
 # Backward ops that read only a tensor's shape: they never need a recomputed copy.
 SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
+# TF1 tf.cond: a Switch sends its input down one branch (the other is dead); a Merge
+# forwards whichever branch ran.
+SWITCH_OPS = frozenset({"Switch", "RefSwitch"})
+# Where a branch's deadness ends: a Merge forwards whichever branch ran; a TF1 loop's
+# Exit hands its last value out of the loop's frame.
+DEADNESS_ENDS = frozenset({"Merge", "RefMerge", "Exit", "RefExit"})
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class GraphView:
         self.consumers: Dict[str, Tuple[str, ...]] = self._consumers()
         self.main = self._main_backward()
         self.region = self._region()
+        self.maybe_dead = self._maybe_dead()
 
     # -- construction checks and derived data -------------------------------------------
     def _check(self):
@@ -116,6 +123,27 @@ class GraphView:
             if any(p in seeds or p in main for p in parents):
                 main.add(name)
         return frozenset(main)
+
+    def _maybe_dead(self):
+        """Ops that may not run in a step: downstream of a TF1 ``Switch`` (a ``tf.cond``
+        branch or a ``tf.while_loop`` body, forward or backward) by data or control
+        edges, up to the ``Merge`` or ``Exit`` that ends it. An op that waits for one of
+        them is dead too when its branch is not taken, so nothing ome adds may wait for
+        them."""
+        control_consumers: Dict[str, list] = {}
+        for name, op in self.ops.items():
+            for c in op.control_inputs:
+                control_consumers.setdefault(c, []).append(name)
+        dead, stack = set(), [n for n, op in self.ops.items() if op.type in SWITCH_OPS]
+        while stack:
+            name = stack.pop()
+            if name in dead:
+                continue
+            dead.add(name)
+            after = [c for t in self.ops[name].outputs for c in self.consumers[t]]
+            stack += [c for c in after + control_consumers.get(name, [])
+                      if self.ops[c].type not in DEADNESS_ENDS]
+        return frozenset(dead)
 
     def _region(self):
         """Forward ops downstream of some x and upstream of some y (data edges)."""

@@ -16,7 +16,7 @@ from typing import Dict, List
 import networkx as nx
 import tensorflow as tf
 
-from ome import errors, host, tfprivate
+from ome import capture, errors, host, tfprivate
 from ome import schedule as schedule_mod
 from ome.schedule import Decision
 
@@ -229,11 +229,13 @@ def _keep_apart(graph):
 
 
 def dependencies(graph):
-    """``graph``'s ops by name as a networkx DiGraph of their data and control edges."""
+    """``graph``'s ops by name as a networkx DiGraph of their data and control edges, less
+    the back edges of TF1 loops (``capture.NEXT_ITERATION_OPS``), so it is acyclic."""
     deps = nx.DiGraph()
     for op in graph.get_operations():
         deps.add_node(op.name)
-        deps.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        deps.add_edges_from((t.op.name, op.name) for t in op.inputs
+                            if t.op.type not in capture.NEXT_ITERATION_OPS)
         deps.add_edges_from((c.name, op.name) for c in op.control_inputs)
     return deps
 

@@ -131,6 +131,10 @@ def _forced_keep(view):
     found = {}
     early_targets = _early_targets(view)
     for t in view.saved():
+        if view.tensors[t].op in view.maybe_dead:
+            # a copy to the host would be dead with it, and so would what waits for it
+            found[t] = "made in a TF1 tf.cond branch or loop, which may not run"
+            continue
         for reader in view.value_readers(t):
             if not view.ops[reader].reroutable:
                 found[t] = f"read by {reader} inside a TF1 loop or cond"
@@ -292,7 +296,7 @@ def chained_op(view, name, *, copy=False):
     """Whether :func:`enforced_order` chains op ``name`` (or its recomputed ``copy``), so
     that it runs alone rather than beside other kernels."""
     op = view.ops[name]
-    if not copy and (name not in view.main or not op.reroutable
+    if not copy and (name not in view.main or not op.reroutable or name in view.maybe_dead
                      or op.type in UNCHAINED_SUMS):
         return False
     return any(can_wait(view, t) for t in op.inputs)
@@ -379,11 +383,13 @@ def _event_dependencies(view, sched, reads):
 
 def _triggers(view, name, levels):
     """What a copy needed by backward op ``name`` waits for: the ops of the gradient flow
-    feeding ``name``; and the producers of ys when those wait for no forward op (the
-    gradient then starts from constants, and the forward pass must end first)."""
+    feeding ``name`` (less those that may not run, :attr:`GraphView.maybe_dead`); and the
+    producers of ys when those wait for no forward op (the gradient then starts from
+    constants, and the forward pass must end first)."""
     seeds = set(view.seeds)
-    found = {p for p in _parents(view, name) if p in view.main or p in seeds}
-    if all(levels[p][0] < 0 for p in found):
+    found = {p for p in _parents(view, name) if (p in view.main or p in seeds)
+             and p not in view.maybe_dead}
+    if all(levels[p][0] < 0 for p in found):  # also when none is left: ys always run
         found |= {view.tensors[y].op for y in view.ys}
     return tuple(sorted(found))
 
@@ -487,7 +493,7 @@ def _fence(view, tensor):
         if not any(view.tensors[t].op in downstream for t in info.inputs):
             continue
         downstream.add(op)
-        if info.recomputable and tensor not in info.inputs:
+        if info.recomputable and tensor not in info.inputs and op not in view.maybe_dead:
             return op
     return ""
 
@@ -537,7 +543,8 @@ def _ahead(view, triggers, hops):
         for op in frontier:
             if op in view.main:
                 parents.update(p for p in _parents(view, op)
-                               if p in view.main or p in view.seeds)
+                               if (p in view.main or p in view.seeds)
+                               and p not in view.maybe_dead)
         if not parents:
             break
         frontier = parents
@@ -585,6 +592,7 @@ def gradient_holds(view, sched):
                 if reader in backward or reader in copied:
                     readers.add(reader)
         readers.discard(view.tensors[g].op)
+        readers -= view.maybe_dead  # a wait for an op that did not run kills the gradient
         if readers:
             holds.append((g, tuple(sorted(readers))))
     return tuple(holds)
@@ -639,8 +647,8 @@ def with_leaf_waits(view, sched, recomputed):
     starts = sorted((position[("group", i)], i) for i in range(len(groups)))
     waits = [[] for _ in groups]
     for name in view.backward:
-        if name not in view.main or any(c in view.main for t in view.ops[name].outputs
-                                        for c in view.consumers[t]):
+        if name not in view.main or name in view.maybe_dead or any(
+                c in view.main for t in view.ops[name].outputs for c in view.consumers[t]):
             continue
         later = bisect.bisect(starts, (position[name], len(groups)))
         if later < len(starts):

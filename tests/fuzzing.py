@@ -72,8 +72,9 @@ _PEAKS = {}  # program fingerprint -> predicted (auto, plain) activation peaks
 def predicted_peaks(program):
     """ome's predicted device peaks of ``program`` with ``checkpoints="auto"`` and with
     plain backprop (``"none"``), from ``ome.plan``; both are the activation bytes when ome
-    cannot plan it (whatever the reason: judging the call is not this function's job)."""
-    key = program.fingerprint()
+    cannot plan it (whatever the reason: judging the call is not this function's job).
+    Built with the control flow in use (TF1's conds and loops make other ops)."""
+    key = (program.fingerprint(), tf.compat.v1.control_flow_v2_enabled())
     if key not in _PEAKS:
         with tf.Graph().as_default():
             case = program.build()
@@ -103,10 +104,13 @@ class PlannedBudget:
 
 @dataclass(frozen=True)
 class Setting:
-    """Named keyword arguments to ``ome.gradients`` (may hold Picks and budgets)."""
+    """Named keyword arguments to ``ome.gradients`` (may hold Picks and budgets);
+    ``control_flow_v1``: the program's conds and loops are TF1's (Switch/Merge, frames),
+    as under ``tf.compat.v1.disable_v2_behavior()``."""
 
     name: str
     options: Dict[str, Any]
+    control_flow_v1: bool = False
 
 
 def pins_supported():
@@ -145,6 +149,14 @@ SETTINGS = [
     Setting("stop-gradients", {"checkpoints": "auto", "stop_gradients": STOP_LIST}),
     Setting("stop-gradients-swap", {"checkpoints": CHECKPOINT_LIST, "swap": SWAP_SUBSET,
                                     "host_device": HOST, "stop_gradients": STOP_LIST}),
+    Setting("tf1-auto", {"checkpoints": "auto"}, control_flow_v1=True),
+    Setting("tf1-optimal-swap", {"checkpoints": "optimal", "swap": "auto",
+                                 "host_device": HOST, "cost_model": FAST_LINK},
+            control_flow_v1=True),
+    Setting("tf1-swap-list", {"checkpoints": CHECKPOINT_LIST, "swap": SWAP_SUBSET,
+                              "host_device": HOST}, control_flow_v1=True),
+    # planned on a copy of the graph first (a MetaGraphDef keeps TF1's contexts)
+    Setting("tf1-budget-mid", {"memory_budget": PlannedBudget(0.5)}, control_flow_v1=True),
 ] + ([Setting("pin", {"pin": PINS, "host_device": HOST})] if pins_supported() else [])
 
 
@@ -161,6 +173,7 @@ class Limit:
 # The one list of refusals the harness accepts; any other refusal is a false refusal.
 DOCUMENTED_LIMITS = [
     Limit("budget", r"cannot fit", "budget below the smallest reachable peak"),
+    Limit("tf1-budget", r"cannot fit", "budget below the smallest reachable peak"),
     Limit("memory", r"no bottleneck", "no single-tensor bottleneck"),
     # Stateful ops are never recomputed (README, Limits); Identity is not stateful.
     Limit("pin", r"cannot be honoured: (?!Identity\b)\w+ is stateful",
@@ -234,7 +247,8 @@ def options_for(program, setting):
 
 def replay_script(program, setting):
     """The standalone script replaying ``program`` under ``setting``."""
-    return program.to_script(options_for(program, setting))
+    return program.to_script(options_for(program, setting),
+                             control_flow_v1=setting.control_flow_v1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -312,9 +326,14 @@ def _judge_in_graph(program, setting, graph):
         if isinstance(err, InternalError):
             return "crash", traceback.format_exc(), None, ""
         message = _error_text(err)
+        reason = documented_reason(setting, message)
         if len(graph.get_operations()) != ops_before:
-            return "refusal_changed_graph", message, None, ""
-        return "refused", message, documented_reason(setting, message), ""
+            # documented (README, Limits): a functional cond or loop cannot be copied to
+            # plan on, so its refusals come after the backward pass was built
+            if reason is None or setting.control_flow_v1 or not program.has_control_flow():
+                return "refusal_changed_graph", message, None, ""
+            reason += ", after the backward pass (functional control flow)"
+        return "refused", message, reason, ""
     except Exception:  # pylint: disable=broad-except
         return "crash", traceback.format_exc(), None, ""
     did = plan_did(plan)
@@ -331,8 +350,13 @@ def judge(program, setting):
     """Build ``program`` in a fresh graph and judge ``ome.gradients`` under ``setting``."""
     start = time.perf_counter()
     graph = tf.Graph()
-    with graph.as_default():
-        kind, message, reason, did = _judge_in_graph(program, setting, graph)
+    if setting.control_flow_v1:
+        tf.compat.v1.disable_control_flow_v2()
+    try:
+        with graph.as_default():
+            kind, message, reason, did = _judge_in_graph(program, setting, graph)
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
     return Verdict(kind, setting.name, message, reason, time.perf_counter() - start, did)
 
 

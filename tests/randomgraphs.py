@@ -79,6 +79,10 @@ TEMPLATES = {
     "reshape": "{out} = tf.reshape({0}, {p[shape]})",
     "transpose": "{out} = tf.transpose({0}, {p[perm]})",
     "dropout": "{out} = tf.nn.dropout({0}, rate={p[rate]}, seed={p[seed]})",
+    # one op of the program; TF1 builds them of Switch/Merge and Enter/Exit/NextIteration
+    "cond": "{out} = tf.cond(tf.reduce_sum({0}) > 0, lambda: tf.tanh({0}), lambda: tf.sin({0}))",
+    "while_loop": ("{out} = tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, tf.tanh(v)),"
+                   " [0, {0}])[1]"),
 }
 
 # Defines ``data``, the deterministic initial values of placeholders, variables, constants.
@@ -204,6 +208,10 @@ class Program:
         """Bytes of every floating-point tensor the ops make (leaves excluded)."""
         return sum(v.nbytes for v in self.values if v.is_float and not v.leaf)
 
+    def has_control_flow(self):
+        """Whether the program has a tf.cond or tf.while_loop."""
+        return any(op.family in ("cond", "while_loop") for op in self.ops)
+
     def fingerprint(self):
         """A stable number identifying this program (the same in every process)."""
         return zlib.crc32(self.source().encode())
@@ -215,16 +223,20 @@ class Program:
         return (f"{origin}: {len(self.ops)} ops, {len(self.ys)} ys, {len(self.xs)} xs, "
                 f"{len(self.interior)} interior; {', '.join(families)}")
 
-    def to_script(self, options=None):
+    def to_script(self, options=None, *, control_flow_v1=False):
         """A standalone script that rebuilds this graph and compares ``ome.gradients``
         (called with keyword ``options``, which may name ``interior[i]``) with
         ``tf.gradients`` (called with those of them it takes,
-        :func:`tf_gradients_options`). It exits non-zero when they differ."""
+        :func:`tf_gradients_options`). It exits non-zero when they differ.
+        ``control_flow_v1``: build TF1 conds and loops."""
         def call(kwargs):
             return "".join(f", {k}={v!r}" for k, v in kwargs.items())
 
         options = options or {}
-        return (SCRIPT_HEAD.format(description=self.describe()) + HELPERS + "\n\nfeed = {}\n"
+        head = SCRIPT_HEAD.format(description=self.describe())
+        if control_flow_v1:
+            head += "tf.compat.v1.disable_control_flow_v2()  # TF1 conds and loops\n"
+        return (head + HELPERS + "\n\nfeed = {}\n"
                 + self.source() + SCRIPT_CHECK.format(
                     call=call(options), tf_call=call(tf_gradients_options(options)),
                     tolerance=TOLERANCE))
@@ -672,13 +684,15 @@ def _dropout(b):
     return True
 
 
-def _passthrough(family):
+def _same_shape(family, scale=None):
+    """One op of ``family`` whose output has its input's shape and magnitude (or
+    ``scale``)."""
     def make(b):
         x = b.pick_float()
         if x is None:
             return False
         v = b.values[x]
-        b.add_one(family, [x], Value(v.shape, v.dtype, v.scale))
+        b.add_one(family, [x], Value(v.shape, v.dtype, v.scale if scale is None else scale))
         return True
     return make
 
@@ -702,13 +716,15 @@ FAMILIES = {
     "sin": _unary("sin"), "exp": _unary("exp"), "square": _unary("square"),
     "add": _binary("add"), "sub": _binary("sub"), "mul": _binary("mul"),
     "maximum": _binary("maximum"),
-    "identity": _passthrough("identity"), "stop_gradient": _passthrough("stop_gradient"),
+    "identity": _same_shape("identity"), "stop_gradient": _same_shape("stop_gradient"),
     "matmul": _matmul, "conv2d": _conv2d, "batch_norm": _batch_norm,
     "reduce_sum": _reduce("reduce_sum"), "reduce_mean": _reduce("reduce_mean"),
     "reduce_max": _reduce("reduce_max"),
     "reshape": _reshape, "transpose": _transpose, "split": _split, "unstack": _unstack,
     "concat": _concat, "stack": _stack, "gather": _gather, "where": _where, "cast": _cast,
     "top_k": _top_k, "dropout": _dropout, "chain": _chain,
+    # a tf.cond on the input's sum (tanh or sin of it), a two-step tf.while_loop of tanh
+    "cond": _same_shape("cond", 1.0), "while_loop": _same_shape("while_loop", 1.0),
 }
 # How often each is tried, relative to 1 (the heavy ops and chains make the memory).
 _WEIGHTS = {"matmul": 4, "conv2d": 4, "chain": 3, "batch_norm": 2, "relu": 2, "add": 2}

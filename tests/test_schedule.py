@@ -188,6 +188,43 @@ def test_the_enforced_order_chains_the_gradient_flow_and_copies_as_replayed():
     assert sorted(chained, key=events.index) == chained
 
 
+def tf1_cond():
+    """``x -> a -> Switch -> (t = tanh | s = sin) -> Merge -> c -> y`` as TF1 builds a
+    tf.cond, with its gradient: Merge's is a Switch, Switch's a Merge. ``g_s`` reads ``a``
+    inside the branch."""
+    no_copy = {"recomputable": False, "reason": "control flow"}
+    forward = [("x", "Placeholder", [], 1), ("p", "Placeholder", [], 1),
+               ("a", "Tanh", ["x:0"], 1), ("sw", "Switch", ["a:0", "p:0"], 2, no_copy),
+               ("s", "Sin", ["sw:0"], 1, no_copy), ("t", "Tanh", ["sw:1"], 1, no_copy),
+               ("m", "Merge", ["s:0", "t:0"], 2, no_copy), ("c", "Tanh", ["m:0"], 1),
+               ("y", "Sum", ["c:0"], 1)]
+    backward = [("g_y", "Fill", [], 1), ("g_c", "TanhGrad", ["c:0", "g_y:0"], 1),
+                ("g_m", "Switch", ["g_c:0", "p:0"], 2), ("g_s", "Mul", ["a:0", "g_m:0"], 1),
+                ("g_t", "TanhGrad", ["t:0", "g_m:1"], 1),
+                ("g_sw", "Merge", ["g_s:0", "g_t:0"], 2),
+                ("g_a", "TanhGrad", ["a:0", "g_sw:0"], 1)]
+    return build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=["g_a:0"],
+                      sizes={"y:0": 4, "g_y:0": 4}, persistent=["x:0", "p:0"])
+
+
+def test_nothing_waits_for_an_op_of_a_tf1_branch_that_may_not_run():
+    # Waiting for an op of the branch not taken would make the waiter dead too, and the
+    # gradient with it ("Retval does not have value").
+    view = tf1_cond()
+    assert view.maybe_dead == {"sw", "s", "t", "g_m", "g_s", "g_t"}
+    assert "tf.cond branch" in schedule.forced_keep(view)["t:0"]
+    with pytest.raises(errors.InvalidArgumentError, match="tf.cond branch"):
+        plan_of(view, {"t:0": Decision.SWAP}, host_device="/device:CPU:1")
+    plan = plan_of(view, {"a:0": Decision.RECOMPUTE, "c:0": Decision.RECOMPUTE})
+    assert set(plan.recomputed) == {"a:0", "c:0"}
+    # a's first reader g_s waits only for ops of the branch: its copy waits for y instead
+    triggers = {op: g.triggers for g in plan.schedule.groups for op in g.ops}
+    assert triggers == {"a": ("y",), "c": ("g_y", "y")}
+    reads = schedule.event_reads(view, plan.schedule, plan.decisions())
+    chained = [name for _, name in schedule.enforced_order(view, plan.schedule, reads)]
+    assert chained and not set(chained) & view.maybe_dead
+
+
 def test_bad_decisions_are_refused_with_the_reason():
     view = chain()
     with pytest.raises(errors.InvalidArgumentError, match="no inputs"):
