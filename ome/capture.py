@@ -163,7 +163,7 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
             control_inputs=tuple(c.name for c in op.control_inputs
                                  if c in backward or c in forward),
             device=op.device, cost=estimate_cost(op), backward=is_backward,
-            recomputable=ok, reason=why,
+            recomputable=ok, reason=why, in_tf1_frame=tfprivate.in_v1_control_flow(op),
             reroutable=not (is_backward and tfprivate.in_v1_control_flow(op)))
         for t in op.outputs:
             shape, size = shape_and_bytes(t, batch_size)

@@ -59,6 +59,7 @@ class OpInfo:
     recomputable: bool = False  # forward ops: a copy gives the same values
     reason: str = ""  # forward ops: why not recomputable
     reroutable: bool = True  # backward ops: an input may be re-pointed (not in a TF1 loop)
+    in_tf1_frame: bool = False  # inside a TF1 cond branch or loop body (it has its context)
 
 
 class GraphView:
@@ -125,16 +126,18 @@ class GraphView:
         return frozenset(main)
 
     def _maybe_dead(self):
-        """Ops that may not run in a step: downstream of a TF1 ``Switch`` (a ``tf.cond``
-        branch or a ``tf.while_loop`` body, forward or backward) by data or control
-        edges, up to the ``Merge`` or ``Exit`` that ends it. An op that waits for one of
-        them is dead too when its branch is not taken, so nothing ome adds may wait for
-        them."""
+        """Ops that may not run in a step: those inside a TF1 ``tf.cond`` branch or
+        ``tf.while_loop`` body, and those downstream of them or of a ``Switch`` (forward
+        or backward: a cond's gradient has no context of its own) by data or control
+        edges, up to the ``Merge`` or ``Exit`` that ends the branch. An op that waits for
+        one of them is dead too when its branch is not taken, so nothing ome adds may
+        wait for them."""
         control_consumers: Dict[str, list] = {}
         for name, op in self.ops.items():
             for c in op.control_inputs:
                 control_consumers.setdefault(c, []).append(name)
-        dead, stack = set(), [n for n, op in self.ops.items() if op.type in SWITCH_OPS]
+        dead, stack = set(), [n for n, op in self.ops.items()
+                              if op.type in SWITCH_OPS or op.in_tf1_frame]
         while stack:
             name = stack.pop()
             if name in dead:

@@ -102,7 +102,7 @@ def _loop(h):
 
 @pytest.mark.parametrize("version", ["v2", "v1"])
 @pytest.mark.parametrize("flow, taken", [("while_loop", True), ("cond", True),
-                                         ("cond", False)])
+                                         ("cond", False), ("dropout", False)])
 @pytest.mark.parametrize("options", [{}, {"swap": "auto", "cost_model": FAST_LINK}],
                          ids=["auto", "swap"])
 def test_control_flow_is_kept_whole_and_the_rest_recomputed(request, graph, version, flow,
@@ -114,11 +114,13 @@ def test_control_flow_is_kept_whole_and_the_rest_recomputed(request, graph, vers
         request.getfixturevalue("control_flow_v1")
     x, feed = graphs._input((64, 256))  # pylint: disable=protected-access
     h = _tanh_chain(x)
+    flag = tf.compat.v1.placeholder_with_default(taken, [])
     if flow == "while_loop":
         h = _loop(h)
-    else:
-        flag = tf.compat.v1.placeholder_with_default(taken, [])
+    elif flow == "cond":
         h = tf.cond(flag, lambda: tf.tanh(h), lambda: tf.sin(h))
+    else:  # as a training flag makes it: the branch's mask hangs off its pivot
+        h = tf.cond(flag, lambda: tf.nn.dropout(h, rate=0.2, seed=1), lambda: h)
     y = tf.reduce_sum(_tanh_chain(h))
     grads, (plan, _) = ome.gradients([y], [x], return_info=True, **options)
     assert plan.swapped if options else plan.recomputed, "the chains around it are rewritten"

@@ -189,13 +189,16 @@ def test_the_enforced_order_chains_the_gradient_flow_and_copies_as_replayed():
 
 
 def tf1_cond():
-    """``x -> a -> Switch -> (t = tanh | s = sin) -> Merge -> c -> y`` as TF1 builds a
+    """``x -> a -> Switch -> (t = a * r | s = sin) -> Merge -> c -> y`` as TF1 builds a
     tf.cond, with its gradient: Merge's is a Switch, Switch's a Merge. ``g_s`` reads ``a``
     inside the branch."""
     no_copy = {"recomputable": False, "reason": "control flow"}
     forward = [("x", "Placeholder", [], 1), ("p", "Placeholder", [], 1),
                ("a", "Tanh", ["x:0"], 1), ("sw", "Switch", ["a:0", "p:0"], 2, no_copy),
-               ("s", "Sin", ["sw:0"], 1, no_copy), ("t", "Tanh", ["sw:1"], 1, no_copy),
+               ("s", "Sin", ["sw:0"], 1, no_copy),
+               # a branch's random mask hangs off its pivot by a control edge only
+               ("r", "RandomUniform", [], 1, {**no_copy, "in_tf1_frame": True}),
+               ("t", "Mul", ["sw:1", "r:0"], 1, no_copy),
                ("m", "Merge", ["s:0", "t:0"], 2, no_copy), ("c", "Tanh", ["m:0"], 1),
                ("y", "Sum", ["c:0"], 1)]
     backward = [("g_y", "Fill", [], 1), ("g_c", "TanhGrad", ["c:0", "g_y:0"], 1),
@@ -211,7 +214,7 @@ def test_nothing_waits_for_an_op_of_a_tf1_branch_that_may_not_run():
     # Waiting for an op of the branch not taken would make the waiter dead too, and the
     # gradient with it ("Retval does not have value").
     view = tf1_cond()
-    assert view.maybe_dead == {"sw", "s", "t", "g_m", "g_s", "g_t"}
+    assert view.maybe_dead == {"sw", "s", "r", "t", "g_m", "g_s", "g_t"}
     assert "tf.cond branch" in schedule.forced_keep(view)["t:0"]
     with pytest.raises(errors.InvalidArgumentError, match="tf.cond branch"):
         plan_of(view, {"t:0": Decision.SWAP}, host_device="/device:CPU:1")
