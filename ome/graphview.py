@@ -28,7 +28,8 @@ SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradient
 SWITCH_OPS = frozenset({"Switch", "RefSwitch"})
 # Where a branch's deadness ends: a Merge forwards whichever branch ran; a TF1 loop's
 # Exit hands its last value out of the loop's frame.
-DEADNESS_ENDS = frozenset({"Merge", "RefMerge", "Exit", "RefExit"})
+LOOP_EXITS = frozenset({"Exit", "RefExit"})
+DEADNESS_ENDS = frozenset({"Merge", "RefMerge"}) | LOOP_EXITS
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,9 @@ class GraphView:
         for name, op in self.ops.items():
             for c in op.control_inputs:
                 control_consumers.setdefault(c, []).append(name)
-        dead, stack = set(), [n for n, op in self.ops.items()
-                              if op.type in SWITCH_OPS or op.in_tf1_frame]
+        # an Exit carries its loop's context, but its value is outside the loop
+        dead, stack = set(), [n for n, op in self.ops.items() if op.type in SWITCH_OPS or (
+            op.in_tf1_frame and op.type not in LOOP_EXITS)]
         while stack:
             name = stack.pop()
             if name in dead:

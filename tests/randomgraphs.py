@@ -80,7 +80,8 @@ TEMPLATES = {
     "transpose": "{out} = tf.transpose({0}, {p[perm]})",
     "dropout": "{out} = tf.nn.dropout({0}, rate={p[rate]}, seed={p[seed]})",
     # one op of the program; TF1 builds them of Switch/Merge and Enter/Exit/NextIteration
-    "cond": "{out} = tf.cond(tf.reduce_sum({0}) > 0, lambda: tf.tanh({0}), lambda: tf.sin({0}))",
+    "cond": ("{out} = tf.cond(tf.reduce_sum({0}) > 0, lambda: tf.nn.dropout(tf.tanh({0}), "
+             "rate=0.5, seed={p[seed]}), lambda: tf.sin({0}))"),
     "while_loop": ("{out} = tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, tf.tanh(v)),"
                    " [0, {0}])[1]"),
 }
@@ -684,15 +685,17 @@ def _dropout(b):
     return True
 
 
-def _same_shape(family, scale=None):
+def _same_shape(family, scale=None, seeded=False):
     """One op of ``family`` whose output has its input's shape and magnitude (or
-    ``scale``)."""
+    ``scale``); ``seeded``: with a ``seed`` parameter of its own."""
     def make(b):
         x = b.pick_float()
         if x is None:
             return False
         v = b.values[x]
-        b.add_one(family, [x], Value(v.shape, v.dtype, v.scale if scale is None else scale))
+        params = {"seed": len(b.values)} if seeded else {}
+        b.add_one(family, [x], Value(v.shape, v.dtype, v.scale if scale is None else scale),
+                  **params)
         return True
     return make
 
@@ -723,8 +726,9 @@ FAMILIES = {
     "reshape": _reshape, "transpose": _transpose, "split": _split, "unstack": _unstack,
     "concat": _concat, "stack": _stack, "gather": _gather, "where": _where, "cast": _cast,
     "top_k": _top_k, "dropout": _dropout, "chain": _chain,
-    # a tf.cond on the input's sum (tanh or sin of it), a two-step tf.while_loop of tanh
-    "cond": _same_shape("cond", 1.0), "while_loop": _same_shape("while_loop", 1.0),
+    # a tf.cond on the input's sum (dropout of its tanh, or its sin), a two-step
+    # tf.while_loop of tanh
+    "cond": _same_shape("cond", 2.0, seeded=True), "while_loop": _same_shape("while_loop", 1.0),
 }
 # How often each is tried, relative to 1 (the heavy ops and chains make the memory).
 _WEIGHTS = {"matmul": 4, "conv2d": 4, "chain": 3, "batch_norm": 2, "relu": 2, "add": 2}

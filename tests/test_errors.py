@@ -134,6 +134,20 @@ def test_control_flow_is_kept_whole_and_the_rest_recomputed(request, graph, vers
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
 
 
+def test_a_tf1_loop_output_can_be_swapped(graph, control_flow_v1):
+    # its Exit carries the loop's context but runs once the loop is done
+    x, feed = graphs._input((64, 256))  # pylint: disable=protected-access
+    looped = _loop(_tanh_chain(x))
+    y = tf.reduce_sum(_tanh_chain(looped))
+    grads, (plan, _) = ome.gradients([y], [x], checkpoints=[looped], swap=[looped],
+                                     return_info=True)
+    assert plan.swapped == (looped.name,) and looped.op.type == "Exit"
+    with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={"CPU": 2})) \
+            as sess:
+        got, want = sess.run([grads, tf.gradients(y, [x])], feed)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("version", ["v2", "v1"])
 def test_control_flow_is_planned_on_a_copy_where_tensorflow_can_copy_it(request, graph,
                                                                        version):
