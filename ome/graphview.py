@@ -23,8 +23,7 @@ from ome import errors
 
 # Backward ops that read only a tensor's shape: they never need a recomputed copy.
 SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
-# TF1 tf.cond: a Switch sends its input down one branch (the other is dead); a Merge
-# forwards whichever branch ran.
+# TF1 tf.cond: a Switch sends its input down one branch; the other is dead.
 SWITCH_OPS = frozenset({"Switch", "RefSwitch"})
 # Where a branch's deadness ends: a Merge forwards whichever branch ran; a TF1 loop's
 # Exit hands its last value out of the loop's frame.
