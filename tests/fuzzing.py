@@ -12,7 +12,9 @@ the graph as it was; it is *documented* when its message matches :data:`DOCUMENT
 for that setting, else a false refusal); and the failures ``wrong_value``, ``wrong_none``
 (ome's ``None`` gradients are not where ``tf.gradients`` has them), ``crash`` (any other
 exception, ``ome.errors.InternalError`` included, or a TensorFlow error at run time) and
-``refusal_changed_graph`` (an OmeError after ops were added). ``invalid_program`` means
+``refusal_changed_graph`` (an OmeError after ops were added; README's one documented
+exception, a refusal of a program with a functional cond or loop, is a documented
+refusal "after the backward pass"). ``invalid_program`` means
 the reference itself failed (``tf.gradients`` raised or is not finite): a generator bug.
 """
 import inspect
