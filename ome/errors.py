@@ -9,6 +9,12 @@ Violations of ome's own invariants raise :class:`InternalError`, which is a bug 
 class OmeError(Exception):
     """Base class of every error ome raises on purpose."""
 
+    # Exception's own: inside tf.function, AutoGraph re-raises an error of a type built
+    # this way as itself (with the user's code line added), any other as a StagingError,
+    # which an ``except ome.errors.BudgetError`` would miss. (ValueError's __init__ would
+    # otherwise come first in the subclasses' lookup.)
+    __init__ = Exception.__init__
+
 
 class InvalidArgumentError(OmeError, ValueError):
     """An argument has a wrong value (empty ``xs``, a checkpoint outside the region, ...)."""

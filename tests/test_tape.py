@@ -95,3 +95,20 @@ def test_tf_function_eager_and_keras_custom_loop():
     assert [line.split(":")[0] for line in lines] == [
         "OK same as tf.GradientTape", "OK non-persistent tape used twice", "OK eager",
         "OK keras custom loop"], lines
+
+
+def test_an_ome_error_inside_tf_function_keeps_its_type(model):
+    # AutoGraph re-raises an error it can rebuild from its message as itself; any other
+    # comes out as a StagingError, which `except ome.errors.BudgetError` would miss
+    x, _, _, _ = model
+    weight = np.random.RandomState(0).randn(64, 64).astype(np.float32) * 0.15
+
+    @tf.function
+    def step(inputs):
+        with ome.GradientTape(memory_budget=1024) as tape:
+            tape.watch(inputs)
+            loss = _chain(inputs, tf.constant(weight))
+        return tape.gradient(loss, [inputs])
+
+    with pytest.raises(errors.BudgetError, match="cannot fit in 1.0 KiB"):
+        step(x)
