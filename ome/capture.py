@@ -156,7 +156,6 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
     ops, tensors = {}, {}
     for op in forward | backward:
         is_backward = op in backward
-        in_frame = tfprivate.in_v1_control_flow(op)
         ok, why = (False, "") if is_backward else recomputable(op)
         ops[op.name] = OpInfo(
             name=op.name, type=op.type, inputs=_acyclic_inputs(op),
@@ -164,8 +163,7 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
             control_inputs=tuple(c.name for c in op.control_inputs
                                  if c in backward or c in forward),
             device=op.device, cost=estimate_cost(op), backward=is_backward,
-            recomputable=ok, reason=why, in_tf1_frame=in_frame,
-            reroutable=not (is_backward and in_frame))
+            recomputable=ok, reason=why, in_tf1_frame=tfprivate.in_v1_control_flow(op))
         for t in op.outputs:
             shape, size = shape_and_bytes(t, batch_size)
             tensors[t.name] = TensorInfo(

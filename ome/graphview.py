@@ -58,8 +58,13 @@ class OpInfo:
     backward: bool = False
     recomputable: bool = False  # forward ops: a copy gives the same values
     reason: str = ""  # forward ops: why not recomputable
-    reroutable: bool = True  # backward ops: an input may be re-pointed (not in a TF1 loop)
     in_tf1_frame: bool = False  # inside a TF1 cond branch or loop body (it has its context)
+
+    @property
+    def reroutable(self):
+        """Backward ops: whether an input may be re-pointed (not inside a TF1 frame, where
+        an edge from outside is invalid)."""
+        return not (self.backward and self.in_tf1_frame)
 
 
 class GraphView:
@@ -239,6 +244,8 @@ class GraphView:
             o = dict(o)
             for key in ("inputs", "outputs", "control_inputs"):
                 o[key] = tuple(o.get(key, ()))
+            if "reroutable" in o:  # a view saved before in_tf1_frame was stored instead
+                o["in_tf1_frame"] = o.get("in_tf1_frame", False) or not o.pop("reroutable")
             ops[o["name"]] = OpInfo(**o)
         tensors = {}
         for t in data["tensors"]:

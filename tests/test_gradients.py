@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import ome
 from ome import errors
-from tests import graphs
+from tests import graphs, randomgraphs
 
 MODES = ["auto", "memory", "speed", "collection", "list"]
 CASES = graphs.SMALL_CASES
@@ -93,7 +93,7 @@ def test_unconnected_xs_gives_none_or_zero(graph):
 def test_tf_gradients_own_options_shape_the_backward_ome_rewrites(graph, options):
     case = graphs.mlp()
     stop = case.interior[1]  # the weights before it get no gradient
-    tf_options = {k: v for k, v in options.items() if k != "checkpoints"}
+    tf_options = randomgraphs.tf_gradients_options(options)
     grads, (plan, _) = ome.gradients(case.ys, case.xs, stop_gradients=[stop],
                                      return_info=True, **options)
     want = tf.gradients(case.ys, case.xs, stop_gradients=[stop], **tf_options)

@@ -243,6 +243,14 @@ def test_plan_and_view_round_trip_through_json():
     view = chain()
     again = GraphView.from_json(view.to_json())
     assert again.to_dict() == view.to_dict()
+    # a view saved when OpInfo stored ``reroutable`` (False: a backward op in a TF1 frame)
+    older = view.to_dict()
+    for o in older["ops"]:
+        del o["in_tf1_frame"]
+        o["reroutable"] = o["name"] != "g_b"
+    loaded = GraphView.from_dict(older)
+    assert [n for n, o in loaded.ops.items() if not o.reroutable] == ["g_b"]
+    assert loaded.ops["g_b"].in_tf1_frame
     plan = plan_of(view, {"b:0": Decision.RECOMPUTE, "a:0": Decision.SWAP},
                    host_device="/device:CPU:1")
     from ome.plans import Plan
