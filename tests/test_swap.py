@@ -193,6 +193,7 @@ print(recompute, ome_peak, host)
 """
 
 
+@pytest.mark.slow  # about two minutes; benchmark.py --simulator-check measures the same
 @pytest.mark.parametrize("name,batch,size", [("resnet50", 16, 112)])
 def test_ome_below_recompute_only_on_models(name, batch, size):
     out = subprocess.run([sys.executable, "-c", _MODEL_PEAKS.format(name=name, batch=batch,

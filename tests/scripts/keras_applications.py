@@ -5,6 +5,7 @@ not have value" before); an LSTM's While op is kept whole while the rest is plan
 10). Prints ``OK <model> <mode> ...`` per case; a failed check raises.
 """
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -55,17 +56,22 @@ def images(size, batch):
 keras.utils.set_random_seed(0)
 apps = keras.applications
 # VGG16 at 32x32: its 60 MB of weight gradients, not activations, set the peak; so do
-# InceptionResNetV2's 213 MB at batch 2 (75x75), hence batch 8 for it.
-for name, build, size, batch, modes, recomputes in [
-        ("EfficientNetB0", apps.EfficientNetB0, 32, 2, ("speed",), True),
-        ("ResNet50V2", apps.ResNet50V2, 32, 2, ("speed",), True),
-        ("VGG16", apps.VGG16, 32, 2, ("speed", "memory"), False),
-        ("InceptionResNetV2", apps.InceptionResNetV2, 75, 8, ("speed",), True)]:
+# InceptionResNetV2's 213 MB at batch 2 (75x75), hence batch 8 for it. It takes about a
+# minute of its own, so it runs only with --slow (the slow test), and then alone.
+ARCHITECTURES = [("EfficientNetB0", apps.EfficientNetB0, 32, 2, ("speed",), True),
+                 ("ResNet50V2", apps.ResNet50V2, 32, 2, ("speed",), True),
+                 ("VGG16", apps.VGG16, 32, 2, ("speed", "memory"), False)]
+if "--slow" in sys.argv[1:]:
+    ARCHITECTURES = [("InceptionResNetV2", apps.InceptionResNetV2, 75, 8, ("speed",), True)]
+for name, build, size, batch, modes, recomputes in ARCHITECTURES:
     model = build(weights=None, input_shape=(size, size, 3), classes=10)
     for mode in modes:
         check(name, model, images(size, batch), mode, recomputes)
     del model
     keras.backend.clear_session()
+
+if "--slow" in sys.argv[1:]:
+    sys.exit(0)
 
 # An LSTM after four wide dense layers: the While op is kept whole, the dense layers'
 # activations (2 MiB each) are planned.
