@@ -73,6 +73,12 @@ def calls_functions(op):
                for value in op.node_def.attr.values())
 
 
+def has_own_gradient(op):
+    """Whether ``op``'s gradient function was chosen for this graph (tf.custom_gradient,
+    ``gradient_override_map``): a Python function that may read the graph's own tensors."""
+    return "_gradient_op_type" in op.node_def.attr
+
+
 def recomputable(op):
     """``(True, "")`` when a copy of ``op`` gives the original's values; else ``(False, why)``.
 

@@ -345,14 +345,34 @@ def capture_view(ys, xs, grad_ys=None, *, batch_size=None):
     """The :class:`ome.graphview.GraphView` of ``tf.gradients(ys, xs, grad_ys)``, captured
     from a copy of the graph (the graph itself is never touched): what every policy reads."""
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
+    _refuse_preview(ys, "ome.capture_view")
     scope = ys[0].graph.unique_name("gradients", False)
     return _scratch_view(ys, xs, grad_ys, scope, batch_size, {})[1]
 
 
-def _calls_functions(forward):
-    """Whether the ``forward`` ops call functions (functional control flow): their
-    gradients register functions by name, so they cannot be built twice."""
-    return any(capture_mod.calls_functions(op) for op in forward)
+def _uncopyable(forward):
+    """Why ``tf.gradients`` of the ``forward`` ops cannot be built on a copy of their graph
+    ("" when it can): functional control flow registers its gradient functions by name,
+    so they cannot be built twice; a gradient function of the graph's own builds its ops
+    from the tensors it closed over, which are the original graph's, not the copy's."""
+    if any(capture_mod.calls_functions(op) for op in forward):
+        return "functional control flow (tf.while_loop, tf.cond, function calls)"
+    own = [op.name for op in forward if capture_mod.has_own_gradient(op)]
+    if own:
+        return (f"a gradient function of its own ({own[0]}: tf.custom_gradient or "
+                "gradient_override_map)")
+    return ""
+
+
+def _refuse_preview(ys, what):
+    """Raise :class:`UnsupportedGraphError` if ``what`` (a preview on a copy of the graph)
+    cannot be made for ``ys``."""
+    reason = _uncopyable(capture_mod.upstream_ops(ys))
+    if reason:
+        raise errors.UnsupportedGraphError(
+            f"{what} cannot preview a graph with {reason} in its forward pass (it works on "
+            "a copy, where that cannot be built): use ome.gradients(..., return_info=True), "
+            "which returns the plan it built")
 
 
 def _tf_options(gate_gradients, aggregation_method, stop_gradients, unconnected_gradients,
@@ -380,11 +400,7 @@ def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None,
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
                        swap_ahead, cost_model, hold_gradients, wait_for_leaves)
-    if _calls_functions(capture_mod.upstream_ops(ys)):
-        raise errors.UnsupportedGraphError(
-            "ome.plan cannot preview a graph with functional control flow (tf.while_loop, "
-            "tf.cond, function calls) in its forward pass: use "
-            "ome.gradients(..., return_info=True), which returns the plan it built")
+    _refuse_preview(ys, "ome.plan")
     scope = ys[0].graph.unique_name("ome_gradients", False)
     options.model = options.model.in_scope(scope)
     scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size,
@@ -457,7 +473,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     # A copy of a tf.function graph loses captured variables' shapes (their handles become
     # plain placeholders), so there the plan is made on the graph itself.
     forward = capture_mod.upstream_ops(ys)
-    if options.can_fail(forward) and not _calls_functions(forward) \
+    if options.can_fail(forward) and not _uncopyable(forward) \
             and not hasattr(graph, "captures"):
         scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size, tf_options)
         with scratch.as_default():
@@ -517,7 +533,7 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None
     scope = graph.unique_name(name, False)
     decisions = saved.decisions()
     reasons = {t.tensor: t.reason for t in saved.tensors}
-    if not _calls_functions(capture_mod.upstream_ops(ys)):
+    if not _uncopyable(capture_mod.upstream_ops(ys)):
         scratch, view = _scratch_view(ys, xs, grad_ys, scope, batch_size, {})
         make_plan(view, decisions, reasons, saved.policy, host_device=saved.host_device,
                   swap_ahead=saved.schedule.swap_ahead)

@@ -330,11 +330,13 @@ def _judge_in_graph(program, setting, graph):
         message = _error_text(err)
         reason = documented_reason(setting, message)
         if len(graph.get_operations()) != ops_before:
-            # documented (README, Limits): a functional cond or loop cannot be copied to
-            # plan on, so its refusals come after the backward pass was built
-            if reason is None or setting.control_flow_v1 or not program.has_control_flow():
+            # documented (README, Limits): a graph with a functional cond or loop, or a
+            # gradient function of its own, cannot be copied to plan on, so its refusals
+            # come after the backward pass was built
+            why = program.uncopyable(setting.control_flow_v1)
+            if reason is None or not why:
                 return "refusal_changed_graph", message, None, ""
-            reason += ", after the backward pass (functional control flow)"
+            reason += f", after the backward pass ({why})"
         return "refused", message, reason, ""
     except Exception:  # pylint: disable=broad-except
         return "crash", traceback.format_exc(), None, ""

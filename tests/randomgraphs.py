@@ -84,6 +84,7 @@ TEMPLATES = {
              "rate=0.5, seed={p[seed]}), lambda: tf.sin({0}))"),
     "while_loop": ("{out} = tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, tf.tanh(v)),"
                    " [0, {0}])[1]"),
+    "custom_sin": "{out} = custom_sin({0})",
 }
 
 # Defines ``data``, the deterministic initial values of placeholders, variables, constants.
@@ -96,6 +97,14 @@ def data(shape, seed, dtype="float32", scale=1.0):
 def indices(count, limit, seed):
     """``count`` int32 indices in [0, limit), repeats allowed, the same on every run."""
     return np.random.RandomState(seed).randint(0, limit, count).astype("int32")
+
+
+@tf.custom_gradient
+def custom_sin(v):
+    """sin, its gradient a Python function reading ``v`` from the forward pass."""
+    def grad(dy):
+        return dy * tf.cos(v)
+    return tf.sin(v), grad
 '''
 
 
@@ -209,9 +218,16 @@ class Program:
         """Bytes of every floating-point tensor the ops make (leaves excluded)."""
         return sum(v.nbytes for v in self.values if v.is_float and not v.leaf)
 
-    def has_control_flow(self):
-        """Whether the program has a tf.cond or tf.while_loop."""
-        return any(op.family in ("cond", "while_loop") for op in self.ops)
+    def uncopyable(self, control_flow_v1=False):
+        """Why ome cannot plan this program's gradients on a copy of its graph ("" when it
+        can; README, Limits): functional tf.cond or tf.while_loop (TF2's), or a gradient
+        function of the graph's own."""
+        families = {op.family for op in self.ops}
+        if not control_flow_v1 and families & {"cond", "while_loop"}:
+            return "functional control flow"
+        if "custom_sin" in families:
+            return "a gradient function of its own"
+        return ""
 
     def fingerprint(self):
         """A stable number identifying this program (the same in every process)."""
@@ -729,6 +745,8 @@ FAMILIES = {
     # a tf.cond on the input's sum (dropout of its tanh, or its sin), a two-step
     # tf.while_loop of tanh
     "cond": _same_shape("cond", 2.0, seeded=True), "while_loop": _same_shape("while_loop", 1.0),
+    # sin by tf.custom_gradient, whose gradient function reads its input by closure
+    "custom_sin": _same_shape("custom_sin", 1.0),
 }
 # How often each is tried, relative to 1 (the heavy ops and chains make the memory).
 _WEIGHTS = {"matmul": 4, "conv2d": 4, "chain": 3, "batch_norm": 2, "relu": 2, "add": 2}

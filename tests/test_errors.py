@@ -172,6 +172,41 @@ def test_control_flow_is_planned_on_a_copy_where_tensorflow_can_copy_it(request,
                      lambda: ome.gradients([y], [x], memory_budget=1024))
 
 
+@tf.custom_gradient
+def _custom_sin(v):
+    def grad(dy):
+        return dy * tf.cos(v)  # v: a tensor of the graph the forward pass was built in
+    return tf.sin(v), grad
+
+
+@pytest.mark.parametrize("how", ["custom_gradient", "gradient_override_map"])
+def test_a_gradient_function_of_the_graphs_own_is_planned_on_the_graph(graph, how):
+    # Its gradient function builds ops from the tensors it closed over, the original
+    # graph's: on a copy it raised "must be from the same graph" after adding an op to the
+    # graph. So ome.plan refuses to preview it, ome.gradients plans on the graph itself,
+    # and a refusal comes after the backward pass was built (README, Limits).
+    x, _ = graphs._input((64, 256))  # pylint: disable=protected-access
+    h = _tanh_chain(x, 4)
+    if how == "custom_gradient":
+        h = _custom_sin(h)
+    else:
+        with graph.gradient_override_map({"Tanh": "Sigmoid"}):  # a registered gradient
+            h = tf.tanh(h)
+    y = tf.reduce_sum(_tanh_chain(h, 4))
+    for preview in (ome.plan, ome.capture_view):
+        raises_unchanged(graph, errors.UnsupportedGraphError, "gradient function of its own",
+                         lambda: preview([y], [x]))  # pylint: disable=cell-var-from-loop
+    grads, (plan, info) = ome.gradients([y], [x], checkpoints="optimal", return_info=True)
+    assert plan.recomputed and info.copied_ops > 0
+    with tf.compat.v1.Session() as sess:
+        value = np.random.RandomState(0).randn(64, 256).astype(np.float32)
+        np.testing.assert_array_equal(*sess.run([grads[0], tf.gradients(y, x)[0]], {x: value}))
+    before = len(graph.get_operations())
+    with pytest.raises(errors.BudgetError, match="cannot fit"):
+        ome.gradients([y], [x], memory_budget=1024)
+    assert len(graph.get_operations()) > before  # the backward pass it planned on
+
+
 def test_unknown_batch_dimension_without_batch_size(graph):
     x = tf.compat.v1.placeholder(tf.float32, [None, 64])
     h = x
