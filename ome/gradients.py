@@ -364,15 +364,14 @@ def _uncopyable(forward):
     return ""
 
 
-def _refuse_preview(ys, what):
+def _refuse_preview(ys, what, advice=""):
     """Raise :class:`UnsupportedGraphError` if ``what`` (a preview on a copy of the graph)
-    cannot be made for ``ys``."""
+    cannot be made for ``ys``; ``advice``: what to do instead."""
     reason = _uncopyable(capture_mod.upstream_ops(ys))
     if reason:
         raise errors.UnsupportedGraphError(
-            f"{what} cannot preview a graph with {reason} in its forward pass (it works on "
-            "a copy, where that cannot be built): use ome.gradients(..., return_info=True), "
-            "which returns the plan it built")
+            f"{what} cannot preview a graph with {reason} in its forward pass: it works on "
+            f"a copy of the graph, where that cannot be built{advice}")
 
 
 def _tf_options(gate_gradients, aggregation_method, stop_gradients, unconnected_gradients,
@@ -400,7 +399,8 @@ def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None,
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
                        swap_ahead, cost_model, hold_gradients, wait_for_leaves)
-    _refuse_preview(ys, "ome.plan")
+    _refuse_preview(ys, "ome.plan", "; use ome.gradients(..., return_info=True), which "
+                    "returns the plan it built")
     scope = ys[0].graph.unique_name("ome_gradients", False)
     options.model = options.model.in_scope(scope)
     scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size,
