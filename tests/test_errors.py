@@ -164,6 +164,11 @@ def test_control_flow_is_planned_on_a_copy_where_tensorflow_can_copy_it(request,
     if version == "v2":
         raises_unchanged(graph, errors.UnsupportedGraphError, "return_info=True",
                          lambda: ome.plan([y], [x]))
+        # ome.capture_view too: its gradient on a copy registered the loop's rewritten
+        # functions, and the user's own tf.gradients then raised "duplicate function"
+        raises_unchanged(graph, errors.UnsupportedGraphError, "functional control flow",
+                         lambda: ome.capture_view([y], [x]))
+        assert tf.gradients(y, x)[0] is not None
         return
     before = len(graph.get_operations())
     assert ome.plan([y], [x], checkpoints="optimal").recomputed  # a preview: on a copy
