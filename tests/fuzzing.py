@@ -12,10 +12,10 @@ the graph as it was; it is *documented* when its message matches :data:`DOCUMENT
 for that setting, else a false refusal); and the failures ``wrong_value``, ``wrong_none``
 (ome's ``None`` gradients are not where ``tf.gradients`` has them), ``crash`` (any other
 exception, ``ome.errors.InternalError`` included, or a TensorFlow error at run time) and
-``refusal_changed_graph`` (an OmeError after ops were added; README's one documented
-exception, a refusal of a program with a functional cond or loop, is a documented
-refusal "after the backward pass"). ``invalid_program`` means
-the reference itself failed (``tf.gradients`` raised or is not finite): a generator bug.
+``refusal_changed_graph`` (an OmeError after ops were added; README's documented
+exceptions, a refusal of a program with a functional cond or loop or with a gradient
+function of its own, are documented refusals "after the backward pass").
+``invalid_program`` means the reference itself failed (``tf.gradients`` raised or is not finite): a generator bug.
 """
 import inspect
 import math

@@ -58,10 +58,11 @@ apps = keras.applications
 # VGG16 at 32x32: its 60 MB of weight gradients, not activations, set the peak; so do
 # InceptionResNetV2's 213 MB at batch 2 (75x75), hence batch 8 for it. It takes about a
 # minute of its own, so it runs only with --slow (the slow test), and then alone.
+SLOW = "--slow" in sys.argv[1:]
 ARCHITECTURES = [("EfficientNetB0", apps.EfficientNetB0, 32, 2, ("speed",), True),
                  ("ResNet50V2", apps.ResNet50V2, 32, 2, ("speed",), True),
                  ("VGG16", apps.VGG16, 32, 2, ("speed", "memory"), False)]
-if "--slow" in sys.argv[1:]:
+if SLOW:
     ARCHITECTURES = [("InceptionResNetV2", apps.InceptionResNetV2, 75, 8, ("speed",), True)]
 for name, build, size, batch, modes, recomputes in ARCHITECTURES:
     model = build(weights=None, input_shape=(size, size, 3), classes=10)
@@ -70,7 +71,7 @@ for name, build, size, batch, modes, recomputes in ARCHITECTURES:
     del model
     keras.backend.clear_session()
 
-if "--slow" in sys.argv[1:]:
+if SLOW:
     sys.exit(0)
 
 # An LSTM after four wide dense layers: the While op is kept whole, the dense layers'
