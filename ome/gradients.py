@@ -228,7 +228,8 @@ def _policy_plan(view, options, static_bytes):
     if options.budget is not None:
         return planner.fit_budget(
             view, options.budget, host_device=options.host_device, model=options.model,
-            static_bytes=static_bytes, pins=options.pins)
+            static_bytes=static_bytes, pins=options.pins,
+            hold_gradients=options.hold_gradients)
     if callable(options.checkpoints):
         plan = options.checkpoints(view)
         if not isinstance(plan, Plan):
@@ -240,7 +241,8 @@ def _policy_plan(view, options, static_bytes):
         # user pinned go to the host regardless
         weighed = options.swap != "auto" or options.measured or options.pinned_swaps
         plan = optimal.optimal(view, model=options.model, pins=options.pins,
-                               host_device=options.host_device if weighed else None)
+                               host_device=options.host_device if weighed else None,
+                               hold_gradients=options.hold_gradients)
     elif isinstance(options.checkpoints, str):
         policies = transformer.POLICIES if options.checkpoints in TRANSFORMER_MODES \
             else select.POLICIES

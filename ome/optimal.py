@@ -24,7 +24,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from ome import errors, planner, schedule, select, simulate, sizes
 from ome.costs import STATIC
-from ome.plans import make_plan
+from ome.plans import make_plan, with_gradient_holds
 from ome.schedule import Decision
 
 log = logging.getLogger(__name__)
@@ -158,11 +158,12 @@ class _Problem:
     """The view's facts the formulation needs, computed once per view, cost model, pins
     and host device; :meth:`solve` builds and solves the program for one limit."""
 
-    def __init__(self, view, model, pins, host_device):
+    def __init__(self, view, model, pins, host_device, hold_gradients=False):
         self.view, self.model, self.host_device = view, model, host_device
+        self.hold_gradients = hold_gradients
         self.pins = _validated_pins(view, pins, host_device)
         self.forced = schedule.forced_keep(view)
-        order = schedule.replay_order(view)
+        order = schedule.replay_order(view, leaves_first=hold_gradients)
         self.at = {op: i for i, op in enumerate(order)}
         self.events = len(order)
         self.need = _need_times(view, self.at)
@@ -761,7 +762,7 @@ def _validated_pins(view, pins, host_device):
 # -- the driver ---------------------------------------------------------------------------
 
 def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
-            time_limit=DEFAULT_TIME_LIMIT):
+            time_limit=DEFAULT_TIME_LIMIT, hold_gradients=False):
     """The plan adding the least time whose simulated device peak fits ``limit`` bytes.
 
     ``limit`` (bytes or a string like ``"300MiB"``) bounds
@@ -770,6 +771,8 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     peak. ``pins`` ({tensor: "keep"|"recompute"|"swap"}) are honoured; swaps are
     considered only with a ``host_device``. ``time_limit``: seconds for the search (the
     solver and the simulations checking its plans); one solve always completes.
+    ``hold_gradients``: plan, and return, plans whose gradients are held, in the order
+    that makes possible (:func:`ome.plans.with_gradient_holds`).
     Estimates: ``device_peak`` (simulated), ``added_seconds``, ``solver`` (a code, see
     ``SOLVER_NAMES``), ``gap`` (HiGHS's relative optimality gap on the model; nan when
     no solver plan was chosen), ``solve_seconds``, ``model_peak``, ``limit``,
@@ -778,7 +781,7 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     fits.
     """
     time_limit = _checked_time_limit(time_limit)
-    search = _Search(_Problem(view, model, pins, host_device), time_limit)
+    search = _Search(_Problem(view, model, pins, host_device, hold_gradients), time_limit)
     if limit is None:
         return search.finished(search.smallest(), None)
     limit = sizes.parse_bytes(limit, what="limit")
@@ -903,9 +906,9 @@ class _Search:
             host_device=self.problem.host_device))
 
     def auto(self):
-        return self.cached(SOLVER_AUTO, lambda: select.auto(
-            self.problem.view, pins=self.problem.pins or None,
-            host_device=self.problem.host_device))
+        problem = self.problem
+        return self.cached(SOLVER_AUTO, lambda: _held(problem, select.auto(
+            problem.view, pins=problem.pins or None, host_device=problem.host_device)))
 
     def cached(self, status, make):
         for trial in self.trials:
@@ -1047,5 +1050,10 @@ def _plan(problem, decisions):
     plan = make_plan(view, decisions, reasons, "optimal", host_device=problem.host_device)
     boundaries = {b for g in plan.schedule.groups for b in g.boundaries
                   if not view.tensors[b].persistent}
-    return replace(plan, checkpoints=tuple(sorted(
-        boundaries, key=lambda t: view.position[view.tensors[t].op])))
+    return _held(problem, replace(plan, checkpoints=tuple(sorted(
+        boundaries, key=lambda t: view.position[view.tensors[t].op]))))
+
+
+def _held(problem, plan):
+    """``plan`` with its gradients held when ``problem`` plans so."""
+    return with_gradient_holds(problem.view, plan) if problem.hold_gradients else plan

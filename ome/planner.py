@@ -153,15 +153,16 @@ def smallest_budget(peak, static_bytes, model=STATIC):
 
 
 def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
-               pins=None):
+               pins=None, hold_gradients=False):
     """Keep / recompute / swap per tensor, for the least added time, so the simulated
     device peak plus ``static_bytes`` fits ``budget``.
 
     The choice is :func:`ome.optimal.optimal`'s (plain backprop when it fits; swaps only
     with a ``host_device``). ``static_bytes`` (what stays allocated between steps:
     variables, optimizer slots, or a profile's ``resident_bytes``) count against the
-    budget; :func:`headroom` of the budget is left free (:func:`budget_limit`). Raises
-    :class:`BudgetError` naming the smallest reachable peak when nothing fits.
+    budget; :func:`headroom` of the budget is left free (:func:`budget_limit`).
+    ``hold_gradients``: as :func:`ome.optimal.optimal`'s. Raises :class:`BudgetError`
+    naming the smallest reachable peak when nothing fits.
     """
     budget = parse_bytes(budget, what="memory budget")
     limit = budget_limit(budget, static_bytes, model)
@@ -172,7 +173,7 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
             "left free")
     try:
         plan = optimal.optimal(view, limit=limit, model=model, pins=pins,
-                               host_device=host_device)
+                               host_device=host_device, hold_gradients=hold_gradients)
     except errors.BudgetError as err:
         smallest = getattr(err, "smallest", None)
         if smallest is None:

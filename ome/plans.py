@@ -92,13 +92,15 @@ class Plan:
 
 
 def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=None,
-              swap_ahead=1, estimates=None):
+              swap_ahead=1, estimates=None, leaves_first=False):
     """The :class:`Plan` for ``decisions`` ({tensor: Decision}) on ``view``.
 
     ``reasons`` maps tensors to why they got their decision (a default is filled in).
     The listed tensors are the saved ones plus those the schedule copies or reads.
+    ``leaves_first``: the schedule's backward order (:func:`ome.schedule.build`).
     """
-    built = schedule_mod.build(view, decisions, swap_ahead=swap_ahead)
+    built = schedule_mod.build(view, decisions, swap_ahead=swap_ahead,
+                               leaves_first=leaves_first)
     if built.swaps and host_device is None:
         raise errors.InternalError("a plan that swaps needs a host_device")
     listed = set(view.saved())
@@ -174,12 +176,18 @@ def explain(plan, *, include_kept=True):
 
 def with_gradient_holds(view, plan):
     """``plan`` whose gradients wait for the backward reads of their variables
-    (:func:`ome.schedule.gradient_holds`); ``plan`` itself when it changes nothing (plain
-    ``tf.gradients``) or no gradient has a backward read to wait for."""
+    (:func:`ome.schedule.gradient_holds`), its schedule rebuilt with the backward leaves
+    first (which only held gradients make safe, :func:`ome.schedule.build`); ``plan``
+    itself when it changes nothing (plain ``tf.gradients``) or no gradient has a backward
+    read to wait for."""
     if plan.changes_nothing():
         return plan
-    holds = schedule_mod.gradient_holds(view, plan.schedule)
-    return replace(plan, schedule=replace(plan.schedule, holds=holds)) if holds else plan
+    rebuilt = make_plan(view, plan.decisions(), {t.tensor: t.reason for t in plan.tensors},
+                        plan.policy, checkpoints=plan.checkpoints,
+                        host_device=plan.host_device, swap_ahead=plan.schedule.swap_ahead,
+                        estimates=plan.estimates, leaves_first=True)
+    holds = schedule_mod.gradient_holds(view, rebuilt.schedule)
+    return replace(rebuilt, schedule=replace(rebuilt.schedule, holds=holds)) if holds else plan
 
 
 def with_leaf_waits(view, plan):

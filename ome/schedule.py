@@ -85,6 +85,8 @@ class Schedule:
     # the caller waits for them (copied ops: for their copies), so no variable update
     # finds a read still to come and copies the variable
     holds: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    # of the backward ops ready together, the backward leaves first (:func:`_levels`)
+    leaves_first: bool = False
 
     @property
     def copied_ops(self):
@@ -103,7 +105,8 @@ class Schedule:
             deferred=tuple((op, tuple(t)) for op, t in data["deferred"]),
             reroutes=tuple((op, t) for op, t in data["reroutes"]),
             swap_ahead=data["swap_ahead"],
-            holds=tuple((g, tuple(ops)) for g, ops in data.get("holds", ())))
+            holds=tuple((g, tuple(ops)) for g, ops in data.get("holds", ())),
+            leaves_first=data.get("leaves_first", False))
 
 
 @dataclass(frozen=True, order=True)
@@ -197,11 +200,23 @@ def unfetched(view, sched):
     return backward - needed
 
 
-def _levels(view, deferred=()):
+def backward_leaves(view):
+    """Main backward ops no main backward op reads: the weights' and biases' gradients."""
+    return {name for name in view.backward if name in view.main and not any(
+        c in view.main for t in view.ops[name].outputs for c in view.consumers[t])}
+
+
+def _levels(view, deferred=(), leaves_first=False):
     """``{op: (level, rank)}``: level is the forward position of the latest forward op
     an op waits for (-1: none); rank a topological rank. Sorting by it gives the order
-    TensorFlow's executor tends to follow: each backward op as soon as it is ready.
-    ``deferred`` adds waits ((op, triggers) pairs)."""
+    TensorFlow's executor tends to follow: each backward op as soon as it is ready, ties
+    in ``tf.gradients``'s order. ``deferred`` adds waits ((op, triggers) pairs).
+
+    ``leaves_first``: of the ops ready together, the :func:`backward_leaves` before the
+    rest, so a weight's gradient (``Conv2DBackpropFilter``) frees the forward tensor it
+    reads before the next gradient (``Conv2DBackpropInput``'s) is made. Only with the
+    gradients held (:func:`gradient_holds`): the weight's gradient then exists while its
+    layer still reads the weight, and an update running then would copy the variable."""
     extra = {op: set(triggers) for op, triggers in deferred}
     key = {op: (i, i) for i, op in enumerate(view.forward)}
     backward = set(view.backward)
@@ -211,7 +226,8 @@ def _levels(view, deferred=()):
         waiting[name] = len(parents)
         for p in parents:
             children.setdefault(p, []).append(name)
-    index = {op: i for i, op in enumerate(view.backward)}
+    leaves = backward_leaves(view) if leaves_first else set()
+    index = {op: (op not in leaves, i) for i, op in enumerate(view.backward)}
     ready = [(index[op], op) for op in view.backward if waiting[op] == 0]
     heapq.heapify(ready)
     rank = len(view.forward)
@@ -230,9 +246,9 @@ def _levels(view, deferred=()):
     return key
 
 
-def replay_order(view, deferred=()):
+def replay_order(view, deferred=(), leaves_first=False):
     """Ops in the order the simulator replays them (see :func:`_levels`)."""
-    key = _levels(view, deferred)
+    key = _levels(view, deferred, leaves_first)
     return sorted(key, key=key.__getitem__)
 
 
@@ -253,7 +269,7 @@ def events(view, sched, reads):
         after.setdefault(g.after, []).extend(("copy", op) for op in g.ops)
     pruned = unfetched(view, sched)
     replay = []
-    for name in replay_order(view, sched.deferred):
+    for name in replay_order(view, sched.deferred, sched.leaves_first):
         if name in pruned:
             continue
         replay.append(("op", name))
@@ -414,8 +430,9 @@ def _early_targets(view):
 
 # -- the schedule --------------------------------------------------------------------------
 
-def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1):
-    """The :class:`Schedule` for ``decisions`` (tensor name -> Decision; missing = KEEP)."""
+def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1, leaves_first=False):
+    """The :class:`Schedule` for ``decisions`` (tensor name -> Decision; missing = KEEP),
+    its backward ops in :func:`replay_order` (``leaves_first``: see :func:`_levels`)."""
     for tensor, decision in decisions.items():
         if decision != Decision.KEEP:
             check_decision(view, tensor, decision)
@@ -426,7 +443,7 @@ def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1):
     replaced = [t for t in view.saved() if decision_of(t) != Decision.KEEP]
     copies = _ops_to_copy(view, replaced, decision_of)
     targets = _early_targets(view)
-    levels = _levels(view)
+    levels = _levels(view, leaves_first=leaves_first)
 
     def reader_need(reader):
         main = reader if reader in view.main else targets[reader]
@@ -445,7 +462,7 @@ def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1):
     deferred = sorted({(r, reader_need(r).triggers) for t in replaced
                        for r in view.value_readers(t) if r not in view.main},
                       key=lambda item: view.position[item[0]])
-    anchor = _levels(view, deferred)
+    anchor = _levels(view, deferred, leaves_first)
 
     def after(triggers):
         return max(triggers, key=anchor.__getitem__)
@@ -462,7 +479,7 @@ def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1):
     swaps.sort(key=lambda s: (anchor[s.after], view.position[view.tensors[s.tensor].op]))
     reroutes = tuple((r, t) for t in replaced for r in view.value_readers(t))
     return Schedule(groups=tuple(groups), swaps=tuple(swaps), deferred=tuple(deferred),
-                    reroutes=reroutes, swap_ahead=swap_ahead)
+                    reroutes=reroutes, swap_ahead=swap_ahead, leaves_first=leaves_first)
 
 
 def _swapped(view, replaced, copies, decision_of):
@@ -613,7 +630,7 @@ def with_leaf_waits(view, sched, recomputed):
     groups = sched.groups
     if not groups:
         return sched
-    anchor = _levels(view, sched.deferred)
+    anchor = _levels(view, sched.deferred, sched.leaves_first)
     graph = nx.DiGraph()
     backward = set(view.backward)
     graph.add_nodes_from(view.backward)
@@ -646,10 +663,8 @@ def with_leaf_waits(view, sched, recomputed):
     position = {node: i for i, node in enumerate(order)}
     starts = sorted((position[("group", i)], i) for i in range(len(groups)))
     waits = [[] for _ in groups]
-    for name in view.backward:
-        if name not in view.main or name in view.maybe_dead or any(
-                c in view.main for t in view.ops[name].outputs for c in view.consumers[t]):
-            continue
+    leaves = backward_leaves(view) - view.maybe_dead
+    for name in filter(leaves.__contains__, view.backward):
         later = bisect.bisect(starts, (position[name], len(groups)))
         if later < len(starts):
             waits[starts[later][1]].append(name)

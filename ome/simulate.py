@@ -14,8 +14,10 @@ the cost model says each is freed by its variable update
 (``CostModel.gradient_lifetime``), which runs after as many backward ops as the profile
 saw run first (``CostModel.update_delays``); an update of a variable whose value a
 backward op has still to read writes a new buffer (copy-on-write), and the old one stays
-until that read. An update the profile saw copy its variable for a kernel running beside
-it (``CostModel.update_copies``) holds the copy while it runs. A held gradient
+until that read. In a plan that changes anything, whose rewrite chains the backward ops
+but not the updates, an update runs beside such a read as soon as its gradient is made,
+unless the gradient is held. An update the profile saw copy its variable for a kernel
+running beside it (``CostModel.update_copies``) holds the copy while it runs. A held gradient
 (``Schedule.holds``) starts its update's delay only once the ops it waits for have run,
 and its update copies nothing. A cost model with measured scratch memory (``ome.profile``)
 adds each kernel's scratch bytes while it runs, and a plan that changes nothing (plain
@@ -169,6 +171,13 @@ def simulate(view, plan, model=STATIC):
             if buffer is not None and buffer.readers <= 0 and not buffer.pinned:
                 live -= buffer.size
                 buffer.size = 0
+            x = variable_of.get(key)
+            if not ordered or kind != "op" or key in release or x is None or x in copies:
+                continue
+            waiting = [r for r in reads_of[x] if r in owner and buffers[owner[r]].readers > 0]
+            if waiting:  # the chain does not hold its update back: it runs beside the read
+                copies[x] = (view.tensors[waiting[0]].bytes or 0, waiting)
+                live += copies[x][0]
     flops = sum(view.ops[op].cost for op in sched.copied_ops)
     swap_bytes = sum(view.tensors[s.tensor].bytes or 0 for s in sched.swaps)
     if sched.is_empty():

@@ -11,7 +11,7 @@ import pytest
 from ome import errors, planner, schedule, select, simulate
 from ome.costs import STATIC, CostModel
 from ome.graphview import GraphView, build_view
-from ome.plans import Plan, make_plan, with_leaf_waits
+from ome.plans import Plan, make_plan, with_gradient_holds, with_leaf_waits
 from ome.schedule import Decision
 
 MiB = 2**20
@@ -360,25 +360,27 @@ def test_gradients_freed_by_their_updates_leave_the_peak():
         CostModel(gradient_lifetime="epoch")
 
 
-def resource_variables():
+def resource_variables(weight_gradient_first=True, a_bytes=MiB):
     """``y = sum((x @ r1) @ r2)`` with resource variables w1, w2 read by ``r1``, ``r2``.
 
-    w2 (and its read and gradient) is 4 MiB and ``g_a`` 3 MiB. Backprop makes ``g_w2``
-    before ``g_a`` reads r2, so an update of w2 that runs at once finds its old value
-    still to be read.
+    w2 (and its read and gradient) is 4 MiB, ``g_a`` 3 MiB and ``a`` ``a_bytes``.
+    Backprop makes ``g_w2`` before ``g_a`` reads r2 (``weight_gradient_first``; else
+    ``tf.gradients`` lists ``g_a`` first), so an update of w2 that runs at once finds its
+    old value still to be read.
     """
     no = {"recomputable": False}
     forward = [("x", "Placeholder", [], 1), ("w1", "VarHandleOp", [], 1),
                ("w2", "VarHandleOp", [], 1), ("r1", "ReadVariableOp", ["w1:0"], 1, no),
                ("r2", "ReadVariableOp", ["w2:0"], 1, no), ("a", "MatMul", ["x:0", "r1:0"], 1),
                ("b", "MatMul", ["a:0", "r2:0"], 1), ("y", "Sum", ["b:0"], 1)]
+    weight, data = ("g_w2", "MatMul", ["a:0", "g_b:0"], 1), ("g_a", "MatMul", ["g_b:0", "r2:0"], 1)
     backward = [("g_y", "Fill", ["y:0"], 1), ("g_b", "BroadcastTo", ["g_y:0"], 1),
-                ("g_w2", "MatMul", ["a:0", "g_b:0"], 1), ("g_a", "MatMul", ["g_b:0", "r2:0"], 1),
+                *((weight, data) if weight_gradient_first else (data, weight)),
                 ("g_w1", "MatMul", ["x:0", "g_a:0"], 1)]
     return build_view(forward, backward, xs=["w1:0", "w2:0"], ys=["y:0"],
                       grads=["g_w1:0", "g_w2:0"],
                       sizes={"y:0": 0, "g_y:0": 0, "r2:0": 4 * MiB, "g_w2:0": 4 * MiB,
-                             "g_a:0": 3 * MiB},
+                             "g_a:0": 3 * MiB, "a:0": a_bytes},
                       persistent=["x:0", "w1:0", "w2:0", "r1:0", "r2:0"])
 
 
@@ -422,6 +424,43 @@ def test_a_held_gradient_waits_for_its_variables_backward_reads():
     model = CostModel(gradient_lifetime="update", update_copies={"g_w2": 100 * MiB})
     prediction = simulate.simulate(view, held, model)
     assert prediction.device_peak == 8 * MiB and prediction.peak_at == "g_a"
+
+
+def test_held_gradients_run_the_weights_gradients_first():
+    # tf.gradients lists g_a before g_w2; both are ready once g_b ran. Recomputing a
+    # (5 MiB) before g_w2 reads it, in tf.gradients' order: g_b (1) + g_a (3) + a (5) +
+    # g_w2 (4) = 13 MiB at g_w2. With the gradients held, the weight's gradient g_w2
+    # (a backward leaf) runs first and frees a before g_a is made: a + g_b + g_w2 = 10
+    # MiB at g_w2, then g_b + g_w2 (held until g_a read w2) + g_a = 8 MiB.
+    view = resource_variables(weight_gradient_first=False, a_bytes=5 * MiB)
+    model = CostModel(gradient_lifetime="update", update_delays={"g_w2": 5})
+    plan = plan_of(view, {"a:0": Decision.RECOMPUTE})
+    assert schedule.backward_leaves(view) == {"g_w2", "g_w1"}
+    assert schedule.replay_order(view).index("g_a") < schedule.replay_order(view).index("g_w2")
+    assert not plan.schedule.leaves_first and not plan.schedule.holds
+    prediction = simulate.simulate(view, plan, model)
+    assert prediction.device_peak == 13 * MiB and prediction.peak_at == "g_w2"
+    held = with_gradient_holds(view, plan)
+    # (a's copy reads w1's value, so g_w1 waits for it too)
+    assert held.schedule.leaves_first and held.schedule.holds == (
+        ("g_w1:0", ("a",)), ("g_w2:0", ("g_a",)))
+    events = schedule.events(view, held.schedule, schedule.event_reads(
+        view, held.schedule, held.decisions()))
+    assert events.index(("op", "g_w2")) < events.index(("op", "g_a"))
+    prediction = simulate.simulate(view, held, model)
+    assert prediction.device_peak == 10 * MiB and prediction.peak_at == "g_w2"
+    assert Plan.from_json(held.to_json()).schedule == held.schedule
+
+
+def test_an_update_the_chain_does_not_hold_back_copies_a_variable_still_to_be_read():
+    # The same order without the hold: the rewrite chains the backward ops but not the
+    # updates, so g_w2's update runs beside g_a, however late the profile saw updates run,
+    # and copies w2 (4 MiB) while g_a still reads it: g_b + g_w2 + the copy + g_a = 12 MiB.
+    view = resource_variables(weight_gradient_first=False, a_bytes=5 * MiB)
+    model = CostModel(gradient_lifetime="update", update_delays={"g_w2": 5})
+    unheld = make_plan(view, {"a:0": Decision.RECOMPUTE}, {}, "test", leaves_first=True)
+    prediction = simulate.simulate(view, unheld, model)
+    assert prediction.device_peak == 12 * MiB and prediction.peak_at == "g_a"
 
 
 def test_measured_sizes_replace_the_static_ones():
