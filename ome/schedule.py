@@ -141,7 +141,8 @@ def _forced_keep(view):
         for reader in view.value_readers(t):
             if not view.ops[reader].reroutable:
                 found[t] = f"read by {reader} inside a TF1 loop or cond"
-            elif reader not in view.main and early_targets.get(reader) is None:
+            elif reader in view.seeds or (reader not in view.main
+                                          and early_targets.get(reader) is None):
                 found[t] = f"read by {reader}, which runs before backprop starts"
     return found
 

@@ -195,6 +195,8 @@ def test_held_gradients_wait_for_their_weights_backward_reads(graph, hold):
                    for c in r.outputs[0].consumers() if c.name.startswith("gradients/")}
                for g, x in zip(grads, case.xs)}
     held = [g for g in grads if g.op.type == "Identity" and "/ome/hold/" in g.op.name]
+    # held gradients make the order taking each weight's gradient first safe
+    assert plan.schedule.leaves_first == hold
     if not hold:
         assert not held and not plan.schedule.holds
         return

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ome import errors, optimal, planner, schedule, select, simulate
 from ome.costs import STATIC, CostModel
 from ome.graphview import build_view
+from tests.test_schedule import resource_variables
 from ome.plans import make_plan
 from ome.schedule import Decision
 
@@ -390,3 +391,20 @@ def test_the_smallest_peak_undoes_what_the_min_peak_program_over_recomputes():
     smallest = optimal.optimal(view, model=model, host_device=HOST)
     assert smallest.estimates["device_peak"] <= 5 * MiB + SLACK
     assert smallest.recomputed == ("f0:0",) and smallest.estimates["polished"] == 1
+
+
+def test_with_held_gradients_the_planner_plans_the_order_holding_makes_safe():
+    # tests/test_schedule.py's resource_variables in tf.gradients' order (g_a before g_w2):
+    # kept or recomputed in that order, a (5 MiB) is live beside g_b, g_a and g_w2 (13
+    # MiB), so plain backprop is the smallest plan. With the gradients held, recomputing
+    # a before g_w2, which then runs first and frees it, peaks at a + g_b + g_w2 = 10 MiB.
+    view = resource_variables(weight_gradient_first=False, a_bytes=5 * MiB)
+    model = CostModel(gradient_lifetime="update", update_delays={"g_w2": 5})
+    unheld = optimal.optimal(view, model=model)
+    assert unheld.changes_nothing() and unheld.estimates["device_peak"] == 13 * MiB
+    held = optimal.optimal(view, model=model, hold_gradients=True)
+    assert held.recomputed == ("a:0",) and held.estimates["device_peak"] == 10 * MiB
+    assert held.schedule.leaves_first and held.schedule.holds
+    assert simulate.simulate(view, held, model).device_peak == 10 * MiB
+    # the seed g_y reads y: y stays, as nothing can wait for the op that starts backprop
+    assert "before backprop starts" in schedule.forced_keep(view)["y:0"]
