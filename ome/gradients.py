@@ -257,7 +257,7 @@ def _policy_plan(view, options, static_bytes):
                     "misjudge both: they raised ResNet-50's device peak from 379 to 394 MiB)")
     elif options.swap == "auto":
         plan = planner.swap_auto(view, plan, options.host_device, options.model,
-                                 pins=options.pins)
+                                 pins=options.pins, hold_gradients=options.hold_gradients)
     elif options.swap:
         for t in options.swap:
             if t not in view.tensors or not view.is_forward_tensor(t):
@@ -450,7 +450,10 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     hold_gradients : when the plan recomputes or swaps, each variable's gradient is
         returned through an identity that waits for the backward ops (and copies) reading
         the variable's value, so an optimizer update never finds a read still to come and
-        never has to copy the variable first (default True; the values are the same).
+        never has to copy the variable first; the backward pass then takes each weight's
+        gradient before the ops ready beside it, which frees the forward tensor it reads
+        sooner, and the planners plan for that order (default True; the values are the
+        same).
     wait_for_leaves : each recompute group also waits for the backward leaves (weight and
         bias gradients) the plan runs before it, so an executor whose threads are busy
         cannot put them off and keep the gradients they read alive. Default (None): on

@@ -11,7 +11,7 @@ import math
 
 from ome import errors, optimal, simulate
 from ome.costs import STATIC
-from ome.plans import make_plan, with_estimates
+from ome.plans import make_plan, with_estimates, with_gradient_holds
 from ome.schedule import Decision
 from ome.sizes import format_bytes, parse_bytes
 
@@ -70,7 +70,7 @@ SWAP_LIMITS = (1.0 - SWAP_MIN_SAVING, 0.85, 0.75, 0.65, 0.5)
 MIN_SAVING = 0.001
 
 
-def swap_auto(view, plan, host_device, model=STATIC, pins=None):
+def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=False):
     """``plan``, or a plan with swaps that predicts a lower peak at no more added time.
 
     For each share of ``plan``'s simulated peak in :data:`SWAP_LIMITS` in turn,
@@ -79,16 +79,18 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None):
     time than ``plan`` wins. Swapping ``plan``'s own checkpoints would not do: the peak of
     a plan of cuts is the recomputation of its first segment, when every later checkpoint
     is freed already; with the host, the plan itself changes (more tensors kept on the
-    host, fewer recomputed).
+    host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.optimal.optimal`
+    plans them.
     """
-    before = with_predictions(view, plan, model)
+    before = with_predictions(
+        view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
     chosen, why = None, ""
     for share in SWAP_LIMITS:
         limit = int(share * peak)
         try:
             candidate = optimal.optimal(view, limit=limit, model=model, pins=pins,
-                                        host_device=host_device)
+                                        host_device=host_device, hold_gradients=hold_gradients)
         except errors.BudgetError:
             why = f"no plan fits {format_bytes(limit)}"
             break
