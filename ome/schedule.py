@@ -208,6 +208,19 @@ def backward_leaves(view):
 
 
 def _levels(view, deferred=(), leaves_first=False):
+    """:func:`_compute_levels`, computed once per view and arguments (planning one view
+    asks for the same levels many times; callers only read them)."""
+    memo = _LEVELS.setdefault(view, {})
+    key = (tuple(deferred), leaves_first)
+    if key not in memo:
+        memo[key] = _compute_levels(view, deferred, leaves_first)
+    return memo[key]
+
+
+_LEVELS = weakref.WeakKeyDictionary()
+
+
+def _compute_levels(view, deferred, leaves_first):
     """``{op: (level, rank)}``: level is the forward position of the latest forward op
     an op waits for (-1: none); rank a topological rank. Sorting by it gives the order
     TensorFlow's executor tends to follow: each backward op as soon as it is ready, ties
