@@ -105,6 +105,19 @@ def simulate(view, plan, model=STATIC):
     live = host = peak = 0
     peak_at = ""
     ordered = not sched.is_empty()  # the rewrite chains a plan that changes anything
+
+    def copy_on_write(key):
+        """Bytes of the copy the update of gradient ``key`` makes of its variable now, when
+        a read of the old value is still to come (None: no copy; one per variable)."""
+        x = variable_of.get(key)
+        if x is None or x in copies:
+            return None
+        waiting = [r for r in reads_of[x] if r in owner and buffers[owner[r]].readers > 0]
+        if not waiting:
+            return None
+        copies[x] = (view.tensors[waiting[0]].bytes or 0, waiting)
+        return copies[x][0]
+
     for index, (kind, name) in enumerate(events):
         inputs = reads.get((kind, name), [])
         for key in schedule_mod.event_outputs(view, kind, name):
@@ -145,12 +158,9 @@ def simulate(view, plan, model=STATIC):
         while updates and updates[0][0] <= backward_done:
             due.append(heapq.heappop(updates)[1])
         for key in due:  # an update of a variable whose value is still to be read copies it
-            x = variable_of.get(key)
-            waiting = [r for r in reads_of.get(x, ()) if r in owner and
-                       buffers[owner[r]].readers > 0]
-            if waiting and x not in copies:
-                copies[x] = (view.tensors[waiting[0]].bytes or 0, waiting)
-                live += copies[x][0]
+            copied = copy_on_write(key)
+            if copied is not None:
+                live += copied
             elif key not in release and live + model.update_copy(view.tensors[key].op) > peak:
                 # the profile saw this update copy for a reader running beside it
                 peak, peak_at = live + model.update_copy(view.tensors[key].op), name
@@ -171,13 +181,9 @@ def simulate(view, plan, model=STATIC):
             if buffer is not None and buffer.readers <= 0 and not buffer.pinned:
                 live -= buffer.size
                 buffer.size = 0
-            x = variable_of.get(key)
-            if not ordered or kind != "op" or key in release or x is None or x in copies:
-                continue
-            waiting = [r for r in reads_of[x] if r in owner and buffers[owner[r]].readers > 0]
-            if waiting:  # the chain does not hold its update back: it runs beside the read
-                copies[x] = (view.tensors[waiting[0]].bytes or 0, waiting)
-                live += copies[x][0]
+            if ordered and kind == "op" and key not in release:
+                # the chain does not hold its update back: it runs beside the read
+                live += copy_on_write(key) or 0
     flops = sum(view.ops[op].cost for op in sched.copied_ops)
     swap_bytes = sum(view.tensors[s.tensor].bytes or 0 for s in sched.swaps)
     if sched.is_empty():
