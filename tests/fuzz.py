@@ -151,6 +151,9 @@ def figures(rows, seconds):
     lines = [f"- cases: {total} ({graphs} graphs x {total // max(graphs, 1)} settings), "
              f"{seconds:.0f} s",
              f"- exact: {share(exact)}",
+             f"- Grappler's miscompilation (ome agrees with tf.gradients with the "
+             f"arithmetic optimizer off): "
+             f"{share(sum(v.kind == 'grappler_miscompiled' for v in verdicts))}",
              f"- refused: {share(sum(refused.values()))}"]
     lines += [f"  - {reason}: {n}" for reason, n in refused.most_common()]
     lines.append(f"- failures: {share(sum(failed.values()))}")

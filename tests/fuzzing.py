@@ -15,6 +15,11 @@ exception, ``ome.errors.InternalError`` included, or a TensorFlow error at run t
 ``refusal_changed_graph`` (an OmeError after ops were added; README's documented
 exceptions, a refusal of a program with a functional cond or loop or with a gradient
 function of its own, are documented refusals "after the backward pass").
+``grappler_miscompiled`` is not ome's: the values differ, but with Grappler's arithmetic
+optimizer off ``tf.gradients`` and ome agree, so both graphs compute the same function and
+the optimizer changed what one of them computes (TensorFlow 2.21's
+``ReplacePackWithTileReshape`` stage tiles output 0 of a multi-output op when the stacked
+tensor is another of its outputs; docs/RESULTS.md, Known gaps).
 ``invalid_program`` means the reference itself failed (``tf.gradients`` raised or is not finite): a generator bug.
 """
 import inspect
@@ -28,6 +33,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 import tensorflow as tf
+
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 import ome
 from ome import planner
@@ -206,8 +213,9 @@ class Verdict:
 
     @property
     def ok(self):
-        """Exact, or refused for a documented reason."""
-        return self.kind == "exact" or (self.kind == "refused" and self.reason is not None)
+        """Exact, refused for a documented reason, or TensorFlow's miscompilation."""
+        return (self.kind in ("exact", "grappler_miscompiled")
+                or (self.kind == "refused" and self.reason is not None))
 
     @property
     def label(self):
@@ -257,9 +265,13 @@ def replay_script(program, setting):
 # Judging
 # ---------------------------------------------------------------------------------------
 
-def session_config():
+def session_config(arithmetic_optimizer=True):
     """Two logical CPUs, so the emulated host ``/device:CPU:1`` exists in the session."""
-    return tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+    if not arithmetic_optimizer:
+        config.graph_options.rewrite_options.arithmetic_optimization = (
+            rewriter_config_pb2.RewriterConfig.OFF)
+    return config
 
 
 def _error_text(err):
@@ -282,25 +294,44 @@ def _none_difference(want, got):
     return "; ".join(parts)
 
 
-def _compare(want, got, case):
-    """Run both gradients in one session.run; return (kind, message)."""
-    pairs = [(i, w, g) for i, (w, g) in enumerate(zip(want, got))
-             if w is not None and g is not None]
-    fetches = [(tf.convert_to_tensor(w), tf.convert_to_tensor(g)) for _, w, g in pairs]
+def _run_pairs(fetches, case, arithmetic_optimizer=True):
     init = tf.compat.v1.global_variables_initializer()
     options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
-    with tf.compat.v1.Session(config=session_config()) as session:
+    with tf.compat.v1.Session(config=session_config(arithmetic_optimizer)) as session:
         session.run(init)
-        values = session.run(fetches, case.feed, options=options)
+        return session.run(fetches, case.feed, options=options)
+
+
+def _mismatches(indices, values):
+    """The xs whose two values differ by more than the tolerance, in words."""
     mismatches = []
-    for (i, _, _), (w, g) in zip(pairs, values):
-        if not np.all(np.isfinite(w)):
-            return "invalid_program", f"tf.gradients for xs[{i}] is not finite"
+    for i, (w, g) in zip(indices, values):
         limit = TOLERANCE * max(1.0, float(np.abs(w).max()))
         difference = float(np.abs(w - g).max()) if np.all(np.isfinite(g)) else np.inf
         if difference > limit:
             mismatches.append(f"xs[{i}]: max abs difference {difference:.3g} > {limit:.3g}")
-    return ("wrong_value", "; ".join(mismatches)) if mismatches else ("exact", "")
+    return mismatches
+
+
+def _compare(want, got, case):
+    """Run both gradients in one session.run; return (kind, message)."""
+    pairs = [(i, w, g) for i, (w, g) in enumerate(zip(want, got))
+             if w is not None and g is not None]
+    indices = [i for i, _, _ in pairs]
+    fetches = [(tf.convert_to_tensor(w), tf.convert_to_tensor(g)) for _, w, g in pairs]
+    values = _run_pairs(fetches, case)
+    for i, (w, _) in zip(indices, values):
+        if not np.all(np.isfinite(w)):
+            return "invalid_program", f"tf.gradients for xs[{i}] is not finite"
+    mismatches = _mismatches(indices, values)
+    if not mismatches:
+        return "exact", ""
+    # the programs' inputs are seeded, so a second session sees the same values
+    if not _mismatches(indices, _run_pairs(fetches, case, arithmetic_optimizer=False)):
+        return "grappler_miscompiled", (
+            "; ".join(mismatches) + "; with Grappler's arithmetic optimizer off "
+            "tf.gradients and ome agree")
+    return "wrong_value", "; ".join(mismatches)
 
 
 def plan_did(plan):
