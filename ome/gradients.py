@@ -248,6 +248,11 @@ def _policy_plan(view, options, static_bytes):
             else select.POLICIES
         plan = policies[options.checkpoints](view, pins=options.pins,
                                              host_device=options.host_device)
+        if options.checkpoints == "auto" and options.measured:
+            plan = planner.lowest_at_no_more_time(
+                view, plan, options.model, pins=options.pins,
+                host_device=options.host_device if options.pinned_swaps else None,
+                hold_gradients=options.hold_gradients)
     else:
         plan = select.explicit(view, options.checkpoints, pins=options.pins,
                                host_device=options.host_device)
@@ -425,7 +430,9 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     unconnected_gradients : as in ``tf.gradients`` (graph mode or inside ``tf.function``);
         they are passed to ``tf.gradients`` itself, which builds the backward ops. Variables
         (resource, reference, Keras 3) are accepted in ``xs``.
-    checkpoints : "auto" (default: cuts of the graph, works without bottlenecks), "optimal"
+    checkpoints : "auto" (default: cuts of the graph, works without bottlenecks; with
+        ``cost_model``, the optimal planner's smallest-peak plan instead when it predicts
+        a lower peak at no more added time), "optimal"
         (the smallest peak the MILP planner finds, then the least added time at it), "memory"
         (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs, recompute the
         cheap ops after them), "collection" (the graph collection "checkpoints"), "none"

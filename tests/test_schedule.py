@@ -541,6 +541,34 @@ def test_swap_auto_leaves_the_plan_when_no_swap_saves_enough(caplog):
     assert "no plan fits 99.8 MiB" in caplog.text and "none swapped" in caplog.text
 
 
+def test_auto_with_costs_takes_the_optimal_plan_when_it_is_no_higher_and_faster(caplog):
+    # t2 is 3 MiB; t0, t3 and t4 take 10 ms, the others 1 ms. The cuts (t1, t3: by
+    # bytes) rebuild t0, t2, t4 and t5 (22 ms); the planner reaches the same 5 MiB
+    # rebuilding t0 and t2 only (11 ms)
+    view = tanh_chain(6, {"t2:0": 3 * MiB})
+    model = CostModel(op_seconds={"t0": 0.01, "t1": 0.001, "t2": 0.001, "t3": 0.01,
+                                  "t4": 0.01, "t5": 0.001})
+    cuts = select.auto(view)
+    assert sorted(cuts.checkpoints) == ["t1:0", "t3:0"]
+    with caplog.at_level("INFO", logger="ome.planner"):
+        chosen = planner.lowest_at_no_more_time(view, cuts, model)
+    before = planner.with_predictions(view, cuts, model).estimates
+    assert (before["device_peak"], before["added_seconds"]) == (5 * MiB + 4, pytest.approx(0.022))
+    assert chosen.policy == "auto:optimal"
+    assert (chosen.estimates["device_peak"], chosen.estimates["added_seconds"]) == \
+        (5 * MiB + 4, pytest.approx(0.011))
+    assert sorted(chosen.recomputed) == ["t0:0", "t2:0"] and "it is used" in caplog.text
+
+
+def test_auto_with_costs_keeps_a_plan_the_optimal_plan_would_slow_down(caplog):
+    view = tanh_chain(6)
+    everything = select.keep_all(view)  # no time added: nothing can be faster
+    with caplog.at_level("INFO", logger="ome.planner"):
+        kept = planner.lowest_at_no_more_time(view, everything, INSTANT_COPIES)
+    assert kept is everything
+    assert "does not improve on none's" in caplog.text
+
+
 def test_a_swap_hides_at_most_the_share_of_its_transfer_that_runs_beside_compute():
     view = tanh_chain(8)
     round_trip = 2 * MiB / 1e6
