@@ -84,8 +84,9 @@ class BenchConfig:
     ``image_size`` is the side asked for; ``image_sizes`` what each model runs at (raised
     to a model's minimum). ``existing`` says what to do with rows already in ``out``:
     ``"refuse"``, ``"resume"`` or ``"overwrite"`` (see :mod:`benchmark_lib.resume`).
-    ``notes`` are remarks about the arguments for the user. ``profile``: every run profiles
-    the plain step first and plans with the measured costs (see ``RunSpec``). ``timing``:
+    ``notes`` are remarks about the arguments for the user. ``profile``: every run (and the
+    rounds) profiles the plain step first and plans with the measured costs (see
+    ``RunSpec``). ``timing``:
     ``"alone"`` times each run's steps in its own worker; ``"rounds"`` (the sweep) measures
     memory in a worker per run (one timed step) and times the strategies of each model and
     batch in one worker, one step of each in turn (:meth:`rounds_spec`), so their ratios do
@@ -134,7 +135,8 @@ class BenchConfig:
         """The worker spec timing the strategies of :class:`RoundsKey` ``key`` in rounds."""
         return RoundsSpec(model=key.model, strategies=key.strategies,
                           batch_size=key.batch_size, image_size=self.image_sizes[key.model],
-                          steps=self.steps, warmup=self.warmup, measure_lock=measure_lock)
+                          steps=self.steps, warmup=self.warmup, measure_lock=measure_lock,
+                          profile=self.profile)
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -11,7 +11,9 @@ MiB between processes (the allocator's chunks), so each of ``--processes`` repet
 measures every strategy's ``memory_cost`` in a worker of its own, then times them all in
 one. The table gives each repetition's figures, their medians and ranges, and for every
 two strategies after the first, in how many repetitions one needed less memory than the
-other and at what time.
+other and at what time. As in ``--frontier``, each worker profiles the plain step first
+and strategies that take a cost model get it (ome's, as a user who profiles would run
+them; OpenAI's choice ignores it).
 Defaults: ResNet-50, batch 16, 112x112, vanilla,ome,openai, 3 processes.
 """
 import itertools
@@ -29,7 +31,7 @@ DEFAULT_PROCESSES = 3
 
 def prepare(args):
     config = from_args(args, "interleaved", models=("resnet50",), strategies=DEFAULT_STRATEGIES,
-                       timing="rounds")
+                       timing="rounds", profile=True)
     if len(config.strategies) < 2:
         raise ConfigError("--interleaved compares strategies: give at least two")
     return config, args.processes or DEFAULT_PROCESSES
