@@ -62,6 +62,19 @@ def test_auto_with_a_cost_model_builds_the_optimal_planners_better_plan(graph, n
     assert_same(got, want)
 
 
+def test_optimal_without_a_cost_model_says_it_plans_from_static_estimates(graph, caplog):
+    case = graphs.tanh_chain(layers=20)
+    with caplog.at_level("WARNING", logger="ome.gradients"):
+        static = ome.plan(case.ys, case.xs, checkpoints="optimal")
+    assert static.recomputed
+    assert "checkpoints='optimal' without cost_model: planned from static estimates" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ome.gradients"):
+        ome.plan(case.ys, case.xs, checkpoints="optimal", cost_model=ome.CostModel())
+    assert "without cost_model" not in caplog.text
+
+
 def test_auto_places_checkpoints_on_the_unet(graph):
     case = graphs.unet()
     chosen = ome.plan(case.ys, case.xs)
