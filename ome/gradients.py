@@ -438,7 +438,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
         (resource, reference, Keras 3) are accepted in ``xs``.
     checkpoints : "auto" (default: cuts of the graph, works without bottlenecks; with
         ``cost_model``, the optimal planner's smallest-peak plan instead when it predicts
-        a lower peak at no more added time), "optimal"
+        no higher peak and no more added time, one of them less), "optimal"
         (the smallest peak the MILP planner finds, then the least added time at it), "memory"
         (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs, recompute the
         cheap ops after them), "collection" (the graph collection "checkpoints"), "none"

@@ -33,7 +33,6 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 import tensorflow as tf
-
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import ome
@@ -268,7 +267,8 @@ def replay_script(program, setting):
 # ---------------------------------------------------------------------------------------
 
 def session_config(arithmetic_optimizer=True):
-    """Two logical CPUs, so the emulated host ``/device:CPU:1`` exists in the session."""
+    """Two logical CPUs, so the emulated host ``/device:CPU:1`` exists in the session;
+    Grappler's arithmetic optimizer off unless ``arithmetic_optimizer``."""
     config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
     if not arithmetic_optimizer:
         config.graph_options.rewrite_options.arithmetic_optimization = (
@@ -297,6 +297,7 @@ def _none_difference(want, got):
 
 
 def _run_pairs(fetches, case, arithmetic_optimizer=True):
+    """The values of ``fetches`` in one run of a fresh session."""
     init = tf.compat.v1.global_variables_initializer()
     options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
     with tf.compat.v1.Session(config=session_config(arithmetic_optimizer)) as session:
@@ -316,7 +317,8 @@ def _mismatches(indices, values):
 
 
 def _compare(want, got, case):
-    """Run both gradients in one session.run; return (kind, message)."""
+    """Run both gradients in one session.run (and, when they differ, again with Grappler's
+    arithmetic optimizer off); return (kind, message)."""
     pairs = [(i, w, g) for i, (w, g) in enumerate(zip(want, got))
              if w is not None and g is not None]
     indices = [i for i, _, _ in pairs]
