@@ -53,6 +53,13 @@ def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
                      host_device=host_device, swap_ahead=swap_ahead, estimates=plan.estimates)
 
 
+def _predicted_as_planned(view, plan, model, hold_gradients):
+    """``plan`` with its predictions, its gradients held when ``hold_gradients`` (as
+    :func:`ome.optimal.optimal` plans the plans it is compared with)."""
+    return with_predictions(
+        view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
+
+
 def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
                            hold_gradients=False):
     """``plan``, or :func:`ome.optimal.optimal`'s smallest-peak plan when, under ``model``,
@@ -64,8 +71,7 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     99.2 MiB and 0.387 s for the planner). ``host_device``: for swaps the user pinned
     only. ``hold_gradients``: both held, as :func:`ome.optimal.optimal` plans them.
     """
-    before = with_predictions(
-        view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
+    before = _predicted_as_planned(view, plan, model, hold_gradients)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
     candidate = optimal.optimal(view, model=model, pins=pins, host_device=host_device,
                                 hold_gradients=hold_gradients)
@@ -110,8 +116,7 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=F
     host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.optimal.optimal`
     plans them.
     """
-    before = with_predictions(
-        view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
+    before = _predicted_as_planned(view, plan, model, hold_gradients)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
     chosen, why = None, ""
     for share in SWAP_LIMITS:

@@ -140,7 +140,7 @@ def run(prepared):
         console.say(f"timing {len(strategies) + len(budgets)} runs that measured and the "
                     f"order alone in one process, {steps} rounds")
         spec = dataclasses.replace(config.rounds_spec(RoundsKey(model, batch, strategies)),
-                                   profile=True, budgets=tuple(budgets), steps=steps)
+                                   budgets=tuple(budgets), steps=steps)
         try:
             rounds = pool.call(spec, timeout=config.timeout * (len(strategies) + len(budgets)))
         except WorkerFailed as exc:
