@@ -254,7 +254,7 @@ def _policy_plan(view, options, static_bytes):
             else select.POLICIES
         plan = policies[options.checkpoints](view, pins=options.pins,
                                              host_device=options.host_device)
-        if options.checkpoints == "auto" and options.measured:
+        if options.checkpoints in ("auto", "speed") and options.measured:
             plan = planner.lowest_at_no_more_time(
                 view, plan, options.model, pins=options.pins,
                 host_device=options.host_device if options.pinned_swaps else None,

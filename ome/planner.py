@@ -60,41 +60,75 @@ def _predicted_as_planned(view, plan, model, hold_gradients):
         view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
 
 
-def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
-                           hold_gradients=False):
-    """``plan``, or :func:`ome.optimal.optimal`'s smallest-peak plan when, under ``model``,
-    it predicts a device peak no higher and an added time no longer, one of them less.
-
-    ``checkpoints="auto"`` with a cost model: the cut heuristic spaces its cuts by bytes
-    alone, while the optimal planner weighs each tensor's recomputation by the model's
-    costs (ResNet-50 with a profile, simulated: 103.4 MiB and 0.484 s added for the cuts,
-    99.2 MiB and 0.387 s for the planner). ``host_device``: for swaps the user pinned
-    only. ``hold_gradients``: both held, as :func:`ome.optimal.optimal` plans them.
-    """
-    before = _predicted_as_planned(view, plan, model, hold_gradients)
-    peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
-    candidate = optimal.optimal(view, model=model, pins=pins, host_device=host_device,
-                                hold_gradients=hold_gradients)
-    lower, added = candidate.estimates["device_peak"], candidate.estimates["added_seconds"]
-    if lower <= peak and added <= seconds and (lower, added) != (peak, seconds):
-        log.info("%s: the optimal planner's plan predicts %s and %.3f s added against "
-                 "%s's %s and %.3f s; it is used", plan.policy, format_bytes(lower), added,
-                 plan.policy, format_bytes(peak), seconds)
-        return dataclasses.replace(candidate, policy=f"{plan.policy}:optimal")
-    log.info("%s: the optimal planner's plan (%s, %.3f s added) does not improve on %s's "
-             "(%s, %.3f s); %s's is kept", plan.policy,
-             format_bytes(lower), added, plan.policy, format_bytes(peak), seconds, plan.policy)
-    return plan
-
-
 # The least share of the simulated peak swap="auto"'s swaps must save: the simulator's
 # tolerance (benchmark.py --simulator-check). Measured with exact device peaks (docs/RESULTS.md),
 # swaps predicted to save less raised the peak: ResNet-50 388 -> 406 MiB for a predicted
 # 3 MiB saving, InceptionV4 477 -> 498 for 3 MiB.
 SWAP_MIN_SAVING = 0.05
-# The shares of the plan's simulated peak swap="auto" tries in turn, while a plan with swaps
-# fits them at no more added time than the plan: the lowest such peak is the one chosen.
+# The shares of a plan's simulated peak swap="auto" (and lowest_at_no_more_time's
+# descent) tries in turn, while a plan fits them at no more added time than the plan: the
+# lowest such peak is the one chosen.
 SWAP_LIMITS = (1.0 - SWAP_MIN_SAVING, 0.85, 0.75, 0.65, 0.5)
+
+
+def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
+                           hold_gradients=False):
+    """``plan``, or the optimal planner's plan with the lowest device peak found that,
+    under ``model``, adds no more time, its peak or its time less.
+
+    First :func:`ome.optimal.optimal`'s smallest-peak plan; when that adds more time, its
+    plans under each share of ``plan``'s peak in :data:`SWAP_LIMITS` in turn
+    (:func:`_descent`). ``checkpoints="auto"`` with a cost model: the cut heuristic
+    spaces its cuts by bytes alone (ResNet-50 with a profile, simulated: 103.4 MiB and
+    0.484 s added for the cuts, 99.2 MiB and 0.387 s for the planner).
+    ``checkpoints="speed"``: keeping every conv output holds more than the time it saves
+    needs (ResNet-50: 196.2 MiB and 0.159 s added; the planner 146.5 MiB and 0.113 s).
+    ``host_device``: for swaps the user pinned only. ``hold_gradients``: both held, as
+    :func:`ome.optimal.optimal` plans them.
+    """
+    before = _predicted_as_planned(view, plan, model, hold_gradients)
+    peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
+    search = dict(model=model, pins=pins, host_device=host_device,
+                  hold_gradients=hold_gradients)
+    smallest = optimal.optimal(view, **search)
+    lower, added = smallest.estimates["device_peak"], smallest.estimates["added_seconds"]
+    if lower <= peak and added <= seconds and (lower, added) != (peak, seconds):
+        chosen = smallest
+    else:
+        found, why = _descent(view, peak, seconds, plan.policy, **search)
+        if not found:
+            log.info("%s: the optimal planner's plans (smallest %s, %.3f s added; %s) do "
+                     "not improve on %s's (%s, %.3f s); %s's is kept", plan.policy,
+                     format_bytes(lower), added, why, plan.policy, format_bytes(peak),
+                     seconds, plan.policy)
+            return plan
+        chosen = min(found, key=lambda p: (p.estimates["device_peak"],
+                                           p.estimates["added_seconds"]))
+    log.info("%s: the optimal planner's plan predicts %s and %.3f s added against %s's %s "
+             "and %.3f s; it is used", plan.policy,
+             format_bytes(chosen.estimates["device_peak"]), chosen.estimates["added_seconds"],
+             plan.policy, format_bytes(peak), seconds)
+    return dataclasses.replace(chosen, policy=f"{plan.policy}:optimal")
+
+
+def _descent(view, peak, seconds, policy, **search):
+    """:func:`ome.optimal.optimal`'s plans under each share of ``peak`` in
+    :data:`SWAP_LIMITS` in turn, while they add no more than ``seconds`` (``policy``'s
+    time): ``(plans, why the descent stopped)``, "" when every share was tried.
+    ``search``: :func:`ome.optimal.optimal`'s options."""
+    found = []
+    for share in SWAP_LIMITS:
+        limit = int(share * peak)
+        try:
+            candidate = optimal.optimal(view, limit=limit, **search)
+        except errors.BudgetError:
+            return found, f"no plan fits {format_bytes(limit)}"
+        added = candidate.estimates["added_seconds"]  # simulated by optimal
+        if added > seconds:
+            return found, (f"under {format_bytes(limit)} the cheapest plan adds {added:.3f} s "
+                           f"a step, more than {policy}'s {seconds:.3f} s")
+        found.append(candidate)
+    return found, ""
 
 
 # The least share of plain backprop's predicted peak a rewrite must save for ome to build
@@ -118,22 +152,10 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=F
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
-    chosen, why = None, ""
-    for share in SWAP_LIMITS:
-        limit = int(share * peak)
-        try:
-            candidate = optimal.optimal(view, limit=limit, model=model, pins=pins,
-                                        host_device=host_device, hold_gradients=hold_gradients)
-        except errors.BudgetError:
-            why = f"no plan fits {format_bytes(limit)}"
-            break
-        added = candidate.estimates["added_seconds"]  # simulated by optimal, as above
-        if added > seconds:
-            why = (f"under {format_bytes(limit)} the cheapest plan adds {added:.3f} s a step, "
-                   f"more than {plan.policy}'s {seconds:.3f} s")
-            break
-        if candidate.schedule.swaps:
-            chosen = candidate
+    found, why = _descent(view, peak, seconds, plan.policy, model=model, pins=pins,
+                          host_device=host_device, hold_gradients=hold_gradients)
+    swapping = [candidate for candidate in found if candidate.schedule.swaps]
+    chosen = swapping[-1] if swapping else None
     if chosen is None:
         log.info("swap='auto': no plan with swaps predicts a peak %.0f%% below %s at no more "
                  "added time (%s); none swapped", 100 * SWAP_MIN_SAVING, format_bytes(peak),

@@ -134,8 +134,10 @@ SETTINGS = [
     Setting("speed", {"checkpoints": "speed"}),
     Setting("explicit", {"checkpoints": CHECKPOINT_LIST}),
     Setting("optimal", {"checkpoints": "optimal"}),
-    # With a cost model "auto" takes the optimal planner's plan where it is better.
+    # With a cost model "auto" and "speed" take the optimal planner's plan where it is
+    # lower at no more added time.
     Setting("auto-costs", {"checkpoints": "auto", "cost_model": FAST_LINK}),
+    Setting("speed-costs", {"checkpoints": "speed", "cost_model": FAST_LINK}),
     # A link so fast that every swap hides: swap="auto" swaps wherever it lowers the peak.
     Setting("swap-auto", {"swap": "auto", "host_device": HOST, "cost_model": FAST_LINK}),
     # The optimal planner's smallest peak with the host to swap to.
