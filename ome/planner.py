@@ -60,15 +60,14 @@ def _predicted_as_planned(view, plan, model, hold_gradients):
         view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
 
 
-# The least share of the simulated peak swap="auto"'s swaps must save: the simulator's
-# tolerance (benchmark.py --simulator-check). Measured with exact device peaks (docs/RESULTS.md),
-# swaps predicted to save less raised the peak: ResNet-50 388 -> 406 MiB for a predicted
-# 3 MiB saving, InceptionV4 477 -> 498 for 3 MiB.
+# The least share of the simulated peak swap="auto"'s swaps (and the descent's plans)
+# must save: the simulator's tolerance (benchmark.py --simulator-check). Measured with
+# exact device peaks (docs/RESULTS.md), swaps predicted to save less raised the peak:
+# ResNet-50 388 -> 406 MiB for a predicted 3 MiB saving, InceptionV4 477 -> 498 for 3 MiB.
 SWAP_MIN_SAVING = 0.05
-# The shares of a plan's simulated peak swap="auto" (and lowest_at_no_more_time's
-# descent) tries in turn, while a plan fits them at no more added time than the plan: the
-# lowest such peak is the one chosen.
-SWAP_LIMITS = (1.0 - SWAP_MIN_SAVING, 0.85, 0.75, 0.65, 0.5)
+# The shares of a plan's simulated peak :func:`_descent` tries in turn, for swap="auto" and
+# lowest_at_no_more_time, while a plan fits them at no more added time than the plan.
+DESCENT_SHARES = (1.0 - SWAP_MIN_SAVING, 0.85, 0.75, 0.65, 0.5)
 
 
 def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
@@ -77,10 +76,10 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     under ``model``, adds no more time, its peak or its time less.
 
     First :func:`ome.optimal.optimal`'s smallest-peak plan; when that adds more time, its
-    plans under each share of ``plan``'s peak in :data:`SWAP_LIMITS` in turn
+    plans under each share of ``plan``'s peak in :data:`DESCENT_SHARES` in turn
     (:func:`_descent`). ``checkpoints="auto"`` with a cost model: the cut heuristic
-    spaces its cuts by bytes alone (ResNet-50 with a profile, simulated: 103.4 MiB and
-    0.484 s added for the cuts, 99.2 MiB and 0.387 s for the planner).
+    spaces its cuts by bytes alone (ResNet-50 with a profile, held, simulated: 95.8 MiB
+    and 0.484 s added for the cuts, 88.9 MiB and 0.400 s for the planner).
     ``checkpoints="speed"``: keeping every conv output holds more than the time it saves
     needs (ResNet-50: 196.2 MiB and 0.159 s added; the planner 146.5 MiB and 0.113 s).
     ``host_device``: for swaps the user pinned only. ``hold_gradients``: both held, as
@@ -113,11 +112,11 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
 
 def _descent(view, peak, seconds, policy, **search):
     """:func:`ome.optimal.optimal`'s plans under each share of ``peak`` in
-    :data:`SWAP_LIMITS` in turn, while they add no more than ``seconds`` (``policy``'s
+    :data:`DESCENT_SHARES` in turn, while they add no more than ``seconds`` (``policy``'s
     time): ``(plans, why the descent stopped)``, "" when every share was tried.
     ``search``: :func:`ome.optimal.optimal`'s options."""
     found = []
-    for share in SWAP_LIMITS:
+    for share in DESCENT_SHARES:
         limit = int(share * peak)
         try:
             candidate = optimal.optimal(view, limit=limit, **search)
@@ -141,7 +140,7 @@ MIN_SAVING = 0.001
 def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=False):
     """``plan``, or a plan with swaps that predicts a lower peak at no more added time.
 
-    For each share of ``plan``'s simulated peak in :data:`SWAP_LIMITS` in turn,
+    For each share of ``plan``'s simulated peak in :data:`DESCENT_SHARES` in turn,
     :func:`ome.optimal.optimal` with the host keeps, recomputes or swaps each tensor for
     the least added time under it; the lowest limit whose plan swaps and adds no more
     time than ``plan`` wins. Swapping ``plan``'s own checkpoints would not do: the peak of
