@@ -178,7 +178,8 @@ def model_grads_peak(name, batch, size, **options):
 # ResNet-50 at 16 x 112x112, checkpoints="speed", planned from a profile: swap="auto"
 # keeps most conv outputs on the host and recomputes nothing. A training step measured
 # 488 -> 344 MiB that way (2026-11-27; when swap="auto" swapped only the checkpoints,
-# 415-432 -> 378-385 MiB).
+# 415-432 -> 378-385 MiB). Since "speed" with a profile takes the optimal planner's lower
+# plan (2026-11-28), the gradients alone measured 413.0 -> 329.2 MiB.
 # In a process of its own: in the full suite, what earlier tests left in the allocator
 # changed the traced peaks (recompute-only 111 MiB, with swaps 139 MiB; alone 139-155 and
 # 105-128).
