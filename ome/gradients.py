@@ -436,12 +436,13 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     unconnected_gradients : as in ``tf.gradients`` (graph mode or inside ``tf.function``);
         they are passed to ``tf.gradients`` itself, which builds the backward ops. Variables
         (resource, reference, Keras 3) are accepted in ``xs``.
-    checkpoints : "auto" (default: cuts of the graph, works without bottlenecks; with
-        ``cost_model``, the optimal planner's smallest-peak plan instead when it predicts
-        no higher peak and no more added time, one of them less), "optimal"
+    checkpoints : "auto" (default: cuts of the graph, works without bottlenecks), "optimal"
         (the smallest peak the MILP planner finds, then the least added time at it), "memory"
         (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs, recompute the
-        cheap ops after them), "collection" (the graph collection "checkpoints"), "none"
+        cheap ops after them); with ``cost_model``, "auto" and "speed" take the optimal
+        planner's lowest plan instead where it predicts no higher peak and no more added
+        time, one of them less (``planner.lowest_at_no_more_time``), "collection" (the
+        graph collection "checkpoints"), "none"
         (keep everything), "selective" / "full" (Transformers: recompute the attention
         core / each block, docs/TRANSFORMER.md), a list of tensors to keep, or a policy: a
         function ``(GraphView) -> Plan`` (the baselines are such functions).
