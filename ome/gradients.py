@@ -226,7 +226,9 @@ def make_policy_plan(view, options, graph):
     static_bytes = _static_bytes(graph) if resident is None else resident
     view = options.model.sized(view)
     plan = _held(view, _policy_plan(view, options, static_bytes), options, static_bytes)
-    return plans.with_leaf_waits(view, plan) if options.wait_for_leaves else plan
+    if options.wait_for_leaves:
+        plan = plans.with_leaf_waits(view, plan)
+    return planner.side_by_side(view, plan, options.model, static_bytes)
 
 
 def _policy_plan(view, options, static_bytes):
@@ -526,7 +528,8 @@ def ordered_backprop(ys, xs, *, name="gradients"):
     graph = ys[0].graph
     scope = graph.unique_name(name)
     grads, view, _ = _build_and_capture(ys, xs, grad_ys, scope, None, {})
-    rewrite.apply(select.keep_all(view), view, graph, scope=scope + "/ome")
+    rewrite.apply(plans.with_side_by_side(view, select.keep_all(view)), view, graph,
+                  scope=scope + "/ome")
     return grads
 
 
@@ -564,6 +567,8 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None
         rebuilt = plans.with_gradient_holds(view, rebuilt)
     if any(g.waits for g in saved.schedule.groups):
         rebuilt = plans.with_leaf_waits(view, rebuilt)
+    if saved.schedule.side_by_side:
+        rebuilt = plans.with_side_by_side(view, rebuilt, saved.schedule.side_by_side)
     return _returned(grads, _apply(rebuilt, view, graph, scope).held)
 
 

@@ -10,8 +10,9 @@ import logging
 import math
 
 from ome import errors, optimal, simulate
+from ome import schedule as schedule_mod
 from ome.costs import STATIC
-from ome.plans import make_plan, with_estimates, with_gradient_holds
+from ome.plans import make_plan, with_estimates, with_gradient_holds, with_side_by_side
 from ome.schedule import Decision
 from ome.sizes import format_bytes, parse_bytes
 
@@ -174,6 +175,34 @@ def with_predictions(view, plan, model=STATIC, static_bytes=0):
     return with_estimates(plan, device_peak=float(prediction.device_peak + static_bytes),
                           host_peak=float(prediction.host_peak),
                           added_seconds=added_seconds(view, plan, model))
+
+
+def side_by_side(view, plan, model=STATIC, static_bytes=0):
+    """``plan`` whose sibling backward ops (:func:`ome.schedule.sibling_pairs`) run side by
+    side wherever that predicts no higher device peak, predicted again; ``plan`` itself
+    when it changes nothing (plain backprop's executor runs them so anyway) or when no
+    pair fits. A pair holds both kernels' scratch and its first op's inputs until both
+    have run, so each pair whose run spans an event above the peak of ``plan`` runs one
+    op after the other, and the rest are tried again."""
+    if plan.changes_nothing():
+        return plan
+    pairs = list(with_side_by_side(view, plan).schedule.side_by_side)
+    limit = simulate.simulate(view, plan, model).device_peak
+    reads = schedule_mod.event_reads(view, plan.schedule, plan.decisions())
+    position = {name: i for i, (kind, name) in
+                enumerate(schedule_mod.events(view, plan.schedule, reads)) if kind == "op"}
+    while pairs:
+        trial = dataclasses.replace(plan, schedule=dataclasses.replace(
+            plan.schedule, side_by_side=tuple(pairs)))
+        over = simulate.simulate(view, trial, model, limit=limit).over_limit
+        if not over:
+            return with_predictions(view, trial, model, static_bytes)
+        kept = [(first, second) for first, second in pairs if not any(
+            position[first] <= index <= position[second] for index in over)]
+        if len(kept) == len(pairs):  # the peak rose outside every pair: none is safe
+            break
+        pairs = kept
+    return plan
 
 
 # Share of a budget the planner leaves free for the simulator's error and the executor's

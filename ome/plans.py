@@ -168,6 +168,8 @@ def explain(plan, *, include_kept=True):
                      + (f", waiting for {len(g.waits)} backward leaves" if g.waits else ""))
     for s in sched.swaps:
         lines.append(f"swap {s.tensor}: back after {s.after}, for {len(s.readers)} readers")
+    if sched.side_by_side:
+        lines.append(f"{len(sched.side_by_side)} pairs of backward ops run side by side")
     if sched.holds:
         lines.append(f"{len(sched.holds)} gradients held until the backward reads of their "
                      "variables (their updates copy no variable)")
@@ -188,6 +190,19 @@ def with_gradient_holds(view, plan):
                         estimates=plan.estimates, leaves_first=True)
     holds = schedule_mod.gradient_holds(view, rebuilt.schedule)
     return replace(rebuilt, schedule=replace(rebuilt.schedule, holds=holds)) if holds else plan
+
+
+def with_side_by_side(view, plan, pairs=None):
+    """``plan`` whose schedule runs ``pairs`` side by side (default: every pair
+    :func:`ome.schedule.sibling_pairs` finds; given pairs it does not find are dropped, so
+    a saved plan's pairs are checked against the graph it is applied to)."""
+    sched = plan.schedule
+    found = schedule_mod.sibling_pairs(
+        view, sched, schedule_mod.event_reads(view, sched, plan.decisions()))
+    if pairs is not None:
+        wanted = set(map(tuple, pairs))
+        found = tuple(pair for pair in found if pair in wanted)
+    return replace(plan, schedule=replace(sched, side_by_side=found))
 
 
 def with_leaf_waits(view, plan):

@@ -166,9 +166,10 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
 
 def _enforce_order(graph, view, plan, copies, swapped_in):
     """Make each event of :func:`ome.schedule.enforced_order` wait for the one before it,
-    unless it reads it already; returns how many were made to wait. An op waits through
-    an identity of its first input that can wait (:func:`_gated`), a swap-in (ome's own
-    op) through a control input."""
+    unless it reads it already, and each pair of ``Schedule.side_by_side`` both wait for
+    the event before the pair and the next event for both; returns how many were made to
+    wait. An op waits through an identity of its first input that can wait
+    (:func:`_gated`), a swap-in (ome's own op) through a control input."""
     sched = plan.schedule
     reads = schedule_mod.event_reads(view, sched, plan.decisions())
 
@@ -181,17 +182,27 @@ def _enforce_order(graph, view, plan, copies, swapped_in):
 
     chain = _respecting_dependencies(
         graph, [real(*event) for event in schedule_mod.enforced_order(view, sched, reads)])
+    pairs = set(sched.side_by_side)
+    steps = []  # ops that run at once, each waiting for the step before
+    for op in chain:
+        if steps and len(steps[-1]) == 1 and (steps[-1][0].name, op.name) in pairs:
+            steps[-1].append(op)
+        else:
+            steps.append([op])
     swap_ins = {t.op for t in swapped_in.values()}
     waited = 0
-    for before, op in zip(chain, chain[1:]):
-        if before in op.control_inputs or any(t.op is before for t in op.inputs):
-            continue
-        if op in swap_ins:
-            tfprivate.add_control_inputs(op, [before])
-        else:
-            i = next(i for i, t in enumerate(op.inputs) if _can_wait(t))
-            tfprivate.update_input(op, i, _gated(op.inputs[i], [before], op.name))
-        waited += 1
+    for before, step in zip(steps, steps[1:]):
+        for op in step:
+            waits = [b for b in before
+                     if b not in op.control_inputs and not any(t.op is b for t in op.inputs)]
+            if not waits:
+                continue
+            if op in swap_ins:
+                tfprivate.add_control_inputs(op, waits)
+            else:
+                i = next(i for i, t in enumerate(op.inputs) if _can_wait(t))
+                tfprivate.update_input(op, i, _gated(op.inputs[i], waits, op.name))
+            waited += 1
     return waited
 
 

@@ -4,7 +4,9 @@ The replay is :func:`ome.schedule.events`: each backward op as soon as it is rea
 swap-in and recompute group right after the op its triggers end with, and never an event
 before one the rewrite makes it wait for; for a plan that changes anything, the rewrite
 chains the backward ops, copies and swap-ins in this order
-(:func:`ome.schedule.enforced_order`), so TensorFlow's executor runs them as replayed. A
+(:func:`ome.schedule.enforced_order`), so TensorFlow's executor runs them as replayed; a
+pair it lets run side by side (``Schedule.side_by_side``) holds both kernels' scratch and
+the first's inputs until both have run. A
 tensor's buffer is allocated when its op runs and freed when its last reader in the
 replay has run, the way TensorFlow's executor frees by reference count. Views of a buffer (``Identity``, ``Reshape``...) share it;
 element-wise ops reuse an input buffer that they are the last reader of, as TensorFlow's
@@ -27,7 +29,7 @@ planning; ``ome.measure`` is the judge.
 """
 import heapq
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
 from ome import schedule as schedule_mod
 from ome.costs import STATIC
@@ -69,6 +71,8 @@ class Prediction:
     recompute_flops: float
     swap_bytes: int
     peak_at: str  # the op running at the device peak
+    peak_event: int = -1  # its place in :func:`ome.schedule.events`
+    over_limit: Tuple[int, ...] = ()  # the events whose running bytes exceed ``limit``
 
 
 @dataclass
@@ -78,9 +82,9 @@ class _Buffer:
     pinned: bool  # fetched or held across steps: never freed
 
 
-def simulate(view, plan, model=STATIC):
+def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
     """Replay ``plan``'s schedule over ``view`` (scratch memory from ``model``): a
-    :class:`Prediction`."""
+    :class:`Prediction`, listing the events that run above ``limit`` bytes if given."""
     sched = plan.schedule
     decisions = plan.decisions()
     reads = schedule_mod.event_reads(view, sched, decisions)
@@ -103,8 +107,15 @@ def simulate(view, plan, model=STATIC):
     buffers: Dict[str, _Buffer] = {}
     owner: Dict[str, str] = {}  # tensor key -> buffer id
     live = host = peak = 0
-    peak_at = ""
+    peak_at, peak_event = "", -1
+    over_limit = []
     ordered = not sched.is_empty()  # the rewrite chains a plan that changes anything
+    # a pair run side by side: the second runs while the first still holds its inputs and
+    # its scratch, and the first's inputs are freed once both have run
+    second_of = dict(sched.side_by_side)
+    first_of = {second: first for first, second in sched.side_by_side}
+    paired = set(first_of) | set(second_of)
+    held_reads: Dict[str, list] = {}  # second of a pair -> what its first read
 
     def copy_on_write(key):
         """Bytes of the copy the update of gradient ``key`` makes of its variable now, when
@@ -148,10 +159,16 @@ def simulate(view, plan, model=STATIC):
                 released.setdefault(max(index, release.get(tensor, index)), []).append(key)
         for key in released.pop(index, ()):
             heapq.heappush(updates, (backward_done + updated[key], key))
-        running = live + (kernel_scratch(view, model, name, copy=kind == "copy",
-                                         ordered=ordered) if kind in ("op", "copy") else 0)
+        running = live
+        if kind in ("op", "copy"):
+            alone = ordered and not (kind == "op" and name in paired)
+            running += kernel_scratch(view, model, name, copy=kind == "copy", ordered=alone)
+            if kind == "op" and name in first_of:
+                running += kernel_scratch(view, model, first_of[name], ordered=False)
         if running > peak:
-            peak, peak_at = running, name
+            peak, peak_at, peak_event = running, name, index
+        if limit is not None and running > limit:
+            over_limit.append(index)
         if kind == "op" and name in backward:
             backward_done += 1
         due = []
@@ -163,8 +180,16 @@ def simulate(view, plan, model=STATIC):
                 live += copied
             elif key not in release and live + model.update_copy(view.tensors[key].op) > peak:
                 # the profile saw this update copy for a reader running beside it
-                peak, peak_at = live + model.update_copy(view.tensors[key].op), name
-        for key in inputs + due:
+                peak, peak_at, peak_event = \
+                    live + model.update_copy(view.tensors[key].op), name, index
+        freed = inputs
+        if kind == "op" and name in paired:
+            if name in first_of:
+                freed = inputs + held_reads.pop(name, [])
+            else:
+                held_reads[second_of[name]] = inputs
+                freed = []
+        for key in freed + due:
             buffer = buffers.get(owner.get(key))
             if buffer is None:
                 continue
@@ -189,7 +214,8 @@ def simulate(view, plan, model=STATIC):
     if sched.is_empty():
         peak += model.plain_resident_extra
     return Prediction(device_peak=peak, host_peak=host, recompute_flops=flops,
-                      swap_bytes=swap_bytes, peak_at=peak_at)
+                      swap_bytes=swap_bytes, peak_at=peak_at, peak_event=peak_event,
+                      over_limit=tuple(over_limit))
 
 
 def kernel_scratch(view, model, op, *, copy=False, ordered=True):

@@ -269,7 +269,9 @@ def test_the_rewrite_runs_backprop_in_the_order_the_simulator_replays(graph):
     """Each layer's two gradient MatMuls (the input's and the weight's) are independent,
     and TensorFlow's executor runs such ops at once on its threads, each holding its
     tensors. Once ome rewrites the pass, every gradient-flow op waits for the one the
-    simulator replays before it: they form one chain. tf.gradients leaves them free."""
+    simulator replays before it: they form one chain, in which only the pairs the plan
+    runs side by side (each layer's two MatMuls) are left to run at once, as the
+    simulator replays them. tf.gradients leaves every MatMul free."""
     import networkx as nx
 
     case = graphs.mlp(layers=4, width=64, batch=8)
@@ -293,7 +295,10 @@ def test_the_rewrite_runs_backprop_in_the_order_the_simulator_replays(graph):
 
     ours, plain = matmuls("ours"), matmuls("gradients")
     assert len(ours) == len(plain) == 8
-    assert unordered(plain) and not unordered(ours)
+    side_by_side = {frozenset(pair) for pair in plan.schedule.side_by_side}
+    assert len(side_by_side) == 4  # one per layer: its two gradient MatMuls
+    assert len(unordered(plain)) > 4
+    assert {frozenset(pair) for pair in unordered(ours)} == side_by_side
     got, expected = run_both(case, grads)
     assert_same(got, expected)
 

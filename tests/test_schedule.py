@@ -11,7 +11,8 @@ import pytest
 from ome import errors, optimal, planner, schedule, select, simulate
 from ome.costs import STATIC, CostModel
 from ome.graphview import GraphView, build_view
-from ome.plans import Plan, make_plan, with_gradient_holds, with_leaf_waits
+from ome.plans import (Plan, make_plan, with_gradient_holds, with_leaf_waits,
+                       with_side_by_side)
 from ome.schedule import Decision
 
 MiB = 2**20
@@ -186,6 +187,57 @@ def test_the_enforced_order_chains_the_gradient_flow_and_copies_as_replayed():
                        ("op", "g_d"), ("op", "g_c"), ("op", "g_b"), ("op", "g_a0")]
     events = schedule.events(view, plan.schedule, reads)
     assert sorted(chained, key=events.index) == chained
+
+
+def layer(h_bytes=MiB):
+    """``x -> a -> h = MatMul(a, w) -> c -> y``; backprop's ``g_w`` and ``g_a`` (the weight's
+    and the input's gradients) both read ``g_c``, and neither reads the other."""
+    forward = [("x", "Placeholder", [], 1), ("w", "VarHandleOp", [], 1),
+               ("a", "Tanh", ["x:0"], 1), ("h", "MatMul", ["a:0", "w:0"], 1),
+               ("c", "Tanh", ["h:0"], 1), ("y", "Sum", ["c:0"], 1)]
+    backward = [("g_y", "Fill", [], 1), ("g_c", "TanhGrad", ["c:0", "g_y:0"], 1),
+                ("g_w", "MatMul", ["a:0", "g_c:0"], 1), ("g_a", "MatMul", ["g_c:0", "w:0"], 1),
+                ("g_x", "TanhGrad", ["x:0", "g_a:0"], 1)]
+    return build_view(forward, backward, xs=["x:0", "w:0"], ys=["y:0"],
+                      grads=["g_x:0", "g_w:0"], persistent=["x:0", "w:0"],
+                      sizes={"y:0": 4, "g_y:0": 4, "h:0": h_bytes})
+
+
+def test_sibling_gradients_run_side_by_side_holding_both_scratches_and_inputs():
+    """A pair run side by side: the second runs while the first still holds its inputs
+    and its scratch. Here ``c`` is recomputed from ``h``; after the copy and ``g_c``, ``a``
+    (read last by ``g_w``), ``g_c``, ``g_w`` and ``g_a`` are the live MiB, plus the 4-byte y."""
+    view = layer()
+    plan = plan_of(view, {"c:0": Decision.RECOMPUTE})
+    reads = schedule.event_reads(view, plan.schedule, plan.decisions())
+    # not (g_c, g_w): g_w reads g_c's output
+    assert schedule.sibling_pairs(view, plan.schedule, reads) == (("g_w", "g_a"),)
+    paired = with_side_by_side(view, plan)
+    assert paired.schedule.side_by_side == (("g_w", "g_a"),)
+    assert "1 pairs of backward ops run side by side" in str(paired)
+    assert Plan.from_json(paired.to_json()).schedule == paired.schedule
+    # One after the other, the peak is at y: a, h (the copy of c reads it) and c.
+    assert simulate.simulate(view, plan).device_peak == 3 * MiB + 8
+    # Side by side, a lives until g_a has run too: a, g_c, g_w, g_a.
+    assert simulate.simulate(view, paired).device_peak == 4 * MiB + 4
+    # Chained, each kernel takes its scratch alone (3 MiB); side by side both take what
+    # they take beside others (10 MiB each), at once.
+    model = CostModel(temporaries={"g_w": 10 * MiB, "g_a": 10 * MiB},
+                      temporaries_alone={"g_w": 3 * MiB, "g_a": 3 * MiB})
+    assert simulate.simulate(view, plan, model).device_peak == 6 * MiB + 4  # at g_w
+    assert simulate.simulate(view, paired, model).device_peak == 24 * MiB + 4
+
+
+def test_a_pair_runs_side_by_side_only_where_that_raises_no_peak():
+    for h_bytes, pairs in ((MiB, ()), (5 * MiB, (("g_w", "g_a"),))):
+        # with a 5 MiB h, the peak is at y (a, h, c: 7 MiB), above the pair's 4
+        view = layer(h_bytes)
+        plan = plan_of(view, {"c:0": Decision.RECOMPUTE})
+        chosen = planner.side_by_side(view, plan)
+        assert chosen.schedule.side_by_side == pairs
+        assert simulate.simulate(view, chosen).device_peak == \
+            simulate.simulate(view, plan).device_peak
+    assert planner.side_by_side(view, plan_of(view, {})).schedule.side_by_side == ()
 
 
 def tf1_cond():
