@@ -331,9 +331,9 @@ def sibling_pairs(view, sched, reads):
     (:attr:`Schedule.side_by_side`): two backward ops that read one tensor backprop made,
     neither reading the other, as a convolution's input and filter gradients both read
     its output's gradient. TensorFlow's executor runs such ops at once in plain backprop,
-    and on two cores the pair takes less time so than one after the other (ResNet-50, 52
-    pairs: the enforced order's cost fell from 1.15x to 1.05x plain's step,
-    docs/RESULTS.md). ``reads``: :func:`event_reads` for the same schedule."""
+    and on two cores a pair run so takes less time than one op after the other
+    (ResNet-50: the enforced order alone measured 1.10x plain's step without pairs,
+    1.065x with them, docs/RESULTS.md). ``reads``: :func:`event_reads` for the same schedule."""
     backward = set(view.backward)
 
     def made_in_backprop(key):
