@@ -184,6 +184,30 @@ def test_copies_stay_on_their_original_device(graph):
         assert_same(sess.run(grads, feed), sess.run(tf.gradients(loss, [x]), feed))
 
 
+def test_a_saved_plan_runs_its_pairs_side_by_side_where_applied():
+    """A plan's pairs (each layer's two gradient MatMuls) survive JSON and apply_plan: in
+    the graph it builds, each pair's two ops wait for neither, the rest stay chained."""
+    with tf.Graph().as_default():
+        case = graphs.mlp(layers=4, width=64, batch=8)
+        _, (plan, _) = ome.gradients(case.ys, case.xs, checkpoints=case.interior,
+                                     name="ours", return_info=True)
+    saved = ome.Plan.from_json(plan.to_json())
+    assert len(saved.schedule.side_by_side) == 4 and saved.recomputed
+    import networkx as nx
+
+    with tf.Graph().as_default() as graph:
+        case = graphs.mlp(layers=4, width=64, batch=8)
+        grads = ome.apply_plan(saved, case.ys, case.xs, name="ours")
+        deps = nx.DiGraph()
+        for op in graph.get_operations():
+            deps.add_edges_from((t.op.name, op.name) for t in op.inputs)
+            deps.add_edges_from((c.name, op.name) for c in op.control_inputs)
+        for first, second in saved.schedule.side_by_side:
+            assert not nx.has_path(deps, first, second)
+            assert not nx.has_path(deps, second, first)
+        assert_same(*run_both(case, grads))
+
+
 def test_plan_prints_and_round_trips(graph):
     case = graphs.residual_chain(blocks=10)
     chosen = ome.plan(case.ys, case.xs, checkpoints="memory")
