@@ -441,13 +441,13 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     checkpoints : "auto" (default: cuts of the graph, works without bottlenecks), "optimal"
         (the smallest peak the MILP planner finds, then the least added time at it), "memory"
         (OpenAI's bottleneck heuristic), "speed" (keep conv/matmul outputs, recompute the
-        cheap ops after them); with ``cost_model``, "auto" and "speed" take the optimal
-        planner's lowest plan instead where it predicts no higher peak and no more added
-        time, one of them less (``planner.lowest_at_no_more_time``), "collection" (the
-        graph collection "checkpoints"), "none"
+        cheap ops after them), "collection" (the graph collection "checkpoints"), "none"
         (keep everything), "selective" / "full" (Transformers: recompute the attention
         core / each block, docs/TRANSFORMER.md), a list of tensors to keep, or a policy: a
-        function ``(GraphView) -> Plan`` (the baselines are such functions).
+        function ``(GraphView) -> Plan`` (the baselines are such functions). With
+        ``cost_model``, "auto" and "speed" take the optimal planner's lowest plan instead
+        where it predicts no higher peak and no more added time, one of them less
+        (``planner.lowest_at_no_more_time``).
     pin : ``{tensor: "keep" | "recompute" | "swap"}``: decisions every policy honours.
     batch_size : resolves an unknown batch dimension when sizes matter.
     swap : False, "auto" (with ``cost_model``: the optimal planner keeps, recomputes or

@@ -12,7 +12,7 @@ import math
 from ome import errors, optimal, simulate
 from ome import schedule as schedule_mod
 from ome.costs import STATIC
-from ome.plans import make_plan, with_estimates, with_gradient_holds, with_side_by_side
+from ome.plans import make_plan, with_estimates, with_gradient_holds
 from ome.schedule import Decision
 from ome.sizes import format_bytes, parse_bytes
 
@@ -186,9 +186,9 @@ def side_by_side(view, plan, model=STATIC, static_bytes=0):
     op after the other, and the rest are tried again."""
     if plan.changes_nothing():
         return plan
-    pairs = list(with_side_by_side(view, plan).schedule.side_by_side)
-    limit = simulate.simulate(view, plan, model).device_peak
     reads = schedule_mod.event_reads(view, plan.schedule, plan.decisions())
+    pairs = list(schedule_mod.sibling_pairs(view, plan.schedule, reads))
+    limit = simulate.simulate(view, plan, model).device_peak
     position = {name: i for i, (kind, name) in
                 enumerate(schedule_mod.events(view, plan.schedule, reads)) if kind == "op"}
     while pairs:

@@ -71,7 +71,6 @@ class Prediction:
     recompute_flops: float
     swap_bytes: int
     peak_at: str  # the op running at the device peak
-    peak_event: int = -1  # its place in :func:`ome.schedule.events`
     over_limit: Tuple[int, ...] = ()  # the events whose running bytes exceed ``limit``
 
 
@@ -107,7 +106,7 @@ def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
     buffers: Dict[str, _Buffer] = {}
     owner: Dict[str, str] = {}  # tensor key -> buffer id
     live = host = peak = 0
-    peak_at, peak_event = "", -1
+    peak_at = ""
     over_limit = []
     ordered = not sched.is_empty()  # the rewrite chains a plan that changes anything
     # a pair run side by side: the second runs while the first still holds its inputs and
@@ -166,7 +165,7 @@ def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
             if kind == "op" and name in first_of:
                 running += kernel_scratch(view, model, first_of[name], ordered=False)
         if running > peak:
-            peak, peak_at, peak_event = running, name, index
+            peak, peak_at = running, name
         if limit is not None and running > limit:
             over_limit.append(index)
         if kind == "op" and name in backward:
@@ -180,8 +179,7 @@ def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
                 live += copied
             elif key not in release and live + model.update_copy(view.tensors[key].op) > peak:
                 # the profile saw this update copy for a reader running beside it
-                peak, peak_at, peak_event = \
-                    live + model.update_copy(view.tensors[key].op), name, index
+                peak, peak_at = live + model.update_copy(view.tensors[key].op), name
         freed = inputs
         if kind == "op" and name in paired:
             if name in first_of:
@@ -214,8 +212,7 @@ def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
     if sched.is_empty():
         peak += model.plain_resident_extra
     return Prediction(device_peak=peak, host_peak=host, recompute_flops=flops,
-                      swap_bytes=swap_bytes, peak_at=peak_at, peak_event=peak_event,
-                      over_limit=tuple(over_limit))
+                      swap_bytes=swap_bytes, peak_at=peak_at, over_limit=tuple(over_limit))
 
 
 def kernel_scratch(view, model, op, *, copy=False, ordered=True):

@@ -1,10 +1,11 @@
 """ome.gradients equals tf.gradients, for every checkpoint mode, on graphs of every shape."""
+import networkx as nx
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors
+from ome import errors, rewrite
 from tests import graphs, randomgraphs
 
 MODES = ["auto", "memory", "speed", "collection", "list"]
@@ -193,15 +194,10 @@ def test_a_saved_plan_runs_its_pairs_side_by_side_where_applied():
                                      name="ours", return_info=True)
     saved = ome.Plan.from_json(plan.to_json())
     assert len(saved.schedule.side_by_side) == 4 and saved.recomputed
-    import networkx as nx
-
     with tf.Graph().as_default() as graph:
         case = graphs.mlp(layers=4, width=64, batch=8)
         grads = ome.apply_plan(saved, case.ys, case.xs, name="ours")
-        deps = nx.DiGraph()
-        for op in graph.get_operations():
-            deps.add_edges_from((t.op.name, op.name) for t in op.inputs)
-            deps.add_edges_from((c.name, op.name) for c in op.control_inputs)
+        deps = rewrite.dependencies(graph)
         for first, second in saved.schedule.side_by_side:
             assert not nx.has_path(deps, first, second)
             assert not nx.has_path(deps, second, first)
@@ -296,17 +292,12 @@ def test_the_rewrite_runs_backprop_in_the_order_the_simulator_replays(graph):
     simulator replays before it: they form one chain, in which only the pairs the plan
     runs side by side (each layer's two MatMuls) are left to run at once, as the
     simulator replays them. tf.gradients leaves every MatMul free."""
-    import networkx as nx
-
     case = graphs.mlp(layers=4, width=64, batch=8)
     want = tf.gradients(case.ys, case.xs)
     grads, (plan, info) = ome.gradients(case.ys, case.xs, checkpoints=case.interior,
                                         name="ours", return_info=True)
     assert plan.recomputed and info.ordered > 0
-    deps = nx.DiGraph()
-    for op in graph.get_operations():
-        deps.add_edges_from((t.op.name, op.name) for t in op.inputs)
-        deps.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    deps = rewrite.dependencies(graph)
 
     def matmuls(scope):
         return [op.name for op in graph.get_operations()
