@@ -523,14 +523,16 @@ def ordered_backprop(ys, xs, *, name="gradients"):
     """``tf.gradients(ys, xs)`` with its backward ops run in the order a rewrite enforces,
     nothing recomputed or swapped: a step built with it in place of ``tf.gradients`` is
     what :func:`ome.profile_order` times against the plain step to measure what the order
-    itself costs."""
+    itself costs. Its gradients are held and its sibling ops paired as ome's own plans'
+    are by default."""
     ys, xs, grad_ys = _validate_inputs(ys, xs, None)
     graph = ys[0].graph
     scope = graph.unique_name(name)
     grads, view, _ = _build_and_capture(ys, xs, grad_ys, scope, None, {})
-    rewrite.apply(plans.with_side_by_side(view, select.keep_all(view)), view, graph,
-                  scope=scope + "/ome")
-    return grads
+    held = plans.with_gradient_holds(view, select.keep_all(view), rewritten=True)
+    info = rewrite.apply(plans.with_side_by_side(view, held), view, graph,
+                         scope=scope + "/ome")
+    return _returned(grads, info.held)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -176,13 +176,14 @@ def explain(plan, *, include_kept=True):
     return "\n".join(lines)
 
 
-def with_gradient_holds(view, plan):
+def with_gradient_holds(view, plan, *, rewritten=False):
     """``plan`` whose gradients wait for the backward reads of their variables
     (:func:`ome.schedule.gradient_holds`), its schedule rebuilt with the backward leaves
     first (which only held gradients make safe, :func:`ome.schedule.build`); ``plan``
-    itself when it changes nothing (plain ``tf.gradients``) or no gradient has a backward
-    read to wait for."""
-    if plan.changes_nothing():
+    itself when it changes nothing (plain ``tf.gradients`` is built) or no gradient has a
+    backward read to wait for. ``rewritten``: hold a plan that changes nothing too, for a
+    rewrite applied regardless (:func:`ome.gradients.ordered_backprop`)."""
+    if plan.changes_nothing() and not rewritten:
         return plan
     rebuilt = make_plan(view, plan.decisions(), {t.tensor: t.reason for t in plan.tensors},
                         plan.policy, checkpoints=plan.checkpoints,

@@ -139,6 +139,9 @@ def test_ordered_backprop_equals_tf_gradients_and_runs_in_order(graph):
     got = ordered_backprop(case.ys, case.xs, name="ordered")
     waits = [op for op in graph.get_operations() if op.name.startswith("ordered/ome/order/")]
     assert waits, "nothing was made to wait for the planned order"
+    # held as ome's plans hold them: each weight's gradient waits for its value's reads
+    assert [g.op.type for g in got] == ["Identity"] * len(got)
+    assert all(g.op.control_inputs for g in got)
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for g, w in zip(*sess.run([got, want], case.feed)):

@@ -189,17 +189,21 @@ def test_the_enforced_order_chains_the_gradient_flow_and_copies_as_replayed():
     assert sorted(chained, key=events.index) == chained
 
 
-def layer(h_bytes=MiB):
+def layer(h_bytes=MiB, *, read_variable=False):
     """``x -> a -> h = MatMul(a, w) -> c -> y``; backprop's ``g_w`` and ``g_a`` (the weight's
-    and the input's gradients) both read ``g_c``, and neither reads the other."""
-    forward = [("x", "Placeholder", [], 1), ("w", "VarHandleOp", [], 1),
-               ("a", "Tanh", ["x:0"], 1), ("h", "MatMul", ["a:0", "w:0"], 1),
-               ("c", "Tanh", ["h:0"], 1), ("y", "Sum", ["c:0"], 1)]
+    and the input's gradients) both read ``g_c``, and neither reads the other.
+    ``read_variable``: ``h`` and ``g_a`` read ``w``'s value through a ``ReadVariableOp``,
+    as they read a resource variable's."""
+    value = "r:0" if read_variable else "w:0"
+    forward = [("x", "Placeholder", [], 1), ("w", "VarHandleOp", [], 1)] + \
+        ([("r", "ReadVariableOp", ["w:0"], 1)] if read_variable else []) + \
+        [("a", "Tanh", ["x:0"], 1), ("h", "MatMul", ["a:0", value], 1),
+         ("c", "Tanh", ["h:0"], 1), ("y", "Sum", ["c:0"], 1)]
     backward = [("g_y", "Fill", [], 1), ("g_c", "TanhGrad", ["c:0", "g_y:0"], 1),
-                ("g_w", "MatMul", ["a:0", "g_c:0"], 1), ("g_a", "MatMul", ["g_c:0", "w:0"], 1),
+                ("g_w", "MatMul", ["a:0", "g_c:0"], 1), ("g_a", "MatMul", ["g_c:0", value], 1),
                 ("g_x", "TanhGrad", ["x:0", "g_a:0"], 1)]
     return build_view(forward, backward, xs=["x:0", "w:0"], ys=["y:0"],
-                      grads=["g_x:0", "g_w:0"], persistent=["x:0", "w:0"],
+                      grads=["g_x:0", "g_w:0"], persistent=["x:0", "w:0", "r:0"],
                       sizes={"y:0": 4, "g_y:0": 4, "h:0": h_bytes})
 
 
@@ -226,6 +230,18 @@ def test_sibling_gradients_run_side_by_side_holding_both_scratches_and_inputs():
                       temporaries_alone={"g_w": 3 * MiB, "g_a": 3 * MiB})
     assert simulate.simulate(view, plan, model).device_peak == 6 * MiB + 4  # at g_w
     assert simulate.simulate(view, paired, model).device_peak == 24 * MiB + 4
+
+
+def test_no_pair_lets_an_update_run_while_its_variable_is_read():
+    """``g_w`` makes ``w``'s gradient while ``g_a`` reads ``w``'s value: side by side, the
+    optimizer's update could run during that read and copy ``w``, unless the gradient is
+    held for ``g_a``."""
+    view = layer(read_variable=True)
+    plan = plan_of(view, {"c:0": Decision.RECOMPUTE})
+    assert with_side_by_side(view, plan).schedule.side_by_side == ()
+    held = with_gradient_holds(view, plan)
+    assert held.schedule.holds == (("g_w:0", ("g_a",)),)
+    assert with_side_by_side(view, held).schedule.side_by_side == (("g_w", "g_a"),)
 
 
 def test_a_pair_runs_side_by_side_only_where_that_raises_no_peak():
