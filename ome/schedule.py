@@ -342,16 +342,14 @@ def sibling_pairs(view, sched, reads):
     434 without)."""
     backward = set(view.backward)
     held = {g: set(ops) for g, ops in sched.holds}
-    variable_of = {r: x for x, values in variable_reads(view).items() for r in values}
-    gradient_of = {x: g for x, g in zip(view.xs, view.grads) if g is not None}
+    # each gradient's reads of its variable that its update does not wait for
+    unheld = {g: set(readers) - held.get(g, set())
+              for g, readers in gradient_holds(view, sched)}
 
     def races(maker, reader):
         """Whether the update of a gradient ``maker`` makes may run while ``reader``
         reads the variable's value."""
-        makes = set(view.ops[maker].outputs)
-        return any(gradient_of.get(variable_of[t]) in makes
-                   and reader not in held.get(gradient_of[variable_of[t]], ())
-                   for t in view.ops[reader].inputs if t in variable_of)
+        return any(reader in unheld.get(g, ()) for g in view.ops[maker].outputs)
 
     def made_in_backprop(key):
         kind, tensor = key_parts(key)
