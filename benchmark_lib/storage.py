@@ -36,7 +36,9 @@ class Row:
     ``ome.measure``'s (``device_peak_bytes``: see ``ome.measure.device_peaks``). Runs with a
     profile (``--simulator-check``, ``--frontier``) carry the plan's predictions: its
     simulated device peak (what stays allocated between steps included) and the seconds it
-    was estimated to add to the plain step.
+    was estimated to add to the plain step; and, read from the allocator's own records,
+    the bytes of the measured device peak that were chunks beyond what their tensors asked
+    for (``ome.measure.SharedAllocatorPeaks.device_chunk_waste``).
     """
 
     model: str
@@ -60,6 +62,7 @@ class Row:
     swapped_count: Optional[int] = None
     predicted_peak_bytes: Optional[int] = None
     predicted_added_s: Optional[float] = None
+    device_chunk_waste_bytes: Optional[int] = None
     reason: Optional[str] = None
 
     @property

@@ -129,7 +129,8 @@ def _measure(spec, lock):
                 with tf.compat.v1.Session(graph=graph, config=config) as session:
                     session.run(step.init_op)
                     m = measure(session, step.train_op, step.feed_dict,
-                                warmup=spec.warmup, steps=spec.steps, trace=True)
+                                warmup=spec.warmup, steps=spec.steps, trace=True,
+                                allocator_records=spec.profile)
     except (errors.OutOfMemoryError, tf.errors.ResourceExhaustedError, errors.BudgetError) as exc:
         # a planner that cannot meet memory_budget says the batch does not fit: oom, not error
         return Row(**base, status="oom", reason=_first_lines(exc)), details
@@ -149,7 +150,8 @@ def _measure(spec, lock):
               checkpoint_count=_count(info.get("checkpoints")),
               swapped_count=_count(info.get("swapped")),
               predicted_peak_bytes=_int(estimates.get("device_peak")) if costs else None,
-              predicted_added_s=estimates.get("added_seconds") if costs else None)
+              predicted_added_s=estimates.get("added_seconds") if costs else None,
+              device_chunk_waste_bytes=m.shared.device_chunk_waste if m.shared else None)
     details["measurement"] = m.to_dict()
     if spec.budget is not None and m.device_peak > spec.budget:
         row = dataclasses.replace(row, status="oom",

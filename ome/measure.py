@@ -7,10 +7,11 @@ Figures come from TensorFlow's own accounting, never from an estimate:
   CPUs (swap emulation) both share one allocator, so these figures cover both.
 - ``per_device`` splits memory by device from one traced step: the allocation records in
   ``RunMetadata.step_stats`` are summed per device in time order.
-- ``shared`` (swap emulation only, when the step places ops on the host): the accelerator's
-  and the host's exact peaks from the shared allocator's own records of profiled steps,
-  each chunk attributed to the device of the op that allocated it
-  (:func:`shared_allocator_peaks`).
+- ``shared`` (swap emulation, when the step places ops on the host; or asked for with
+  ``allocator_records=True``): the accelerator's and the host's exact peaks from the
+  allocator's own records of profiled steps, each chunk attributed to the device of the op
+  that allocated it, and the bytes of the device peak that are chunks beyond what their
+  tensors asked for (:func:`shared_allocator_peaks`).
 
 ``memory_cost = max_mem - mem_used`` follows the thesis's columns: the memory a step needs
 on top of what stays allocated (weights, optimizer slots). ``device_peak`` / ``host_peak``
@@ -115,11 +116,18 @@ class SharedAllocatorPeaks:
     ``allocator_peak``: the most bytes it held (what stayed allocated included).
     ``device_peak``: the most it held at once less the host's chunks live at that moment.
     ``host_peak``: the most bytes the host's chunks held at once.
+    ``device_chunk_waste``: of ``device_peak``, the bytes the device's chunks allocated
+    during the records held beyond what their ops asked for. TensorFlow's best-fit (BFC)
+    allocator hands out a whole free chunk when it is less than twice the request, so a
+    kernel asking for 22.5 MiB of scratch may hold 42 MiB (ResNet-34's first-block filter
+    gradients, docs/RESULTS.md); which chunk is free depends on what the process allocated
+    before, not on the plan alone.
     """
 
     allocator_peak: int
     device_peak: int
     host_peak: int
+    device_chunk_waste: int = 0
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -130,7 +138,8 @@ class Measurement:
     """What :func:`measure` found. Memory in bytes, times in seconds.
 
     ``per_device`` is ``None`` when the step was not traced; ``shared`` is ``None`` unless
-    the step was traced in swap emulation and put something on the host.
+    the step was traced and put something on the host in swap emulation, or
+    :func:`measure` was asked for the allocator's records.
     """
 
     device: str
@@ -152,14 +161,14 @@ class Measurement:
         """The accelerator's peak in bytes: in swap emulation with something on the host,
         ``shared.device_peak`` (exact, from the profiled steps); otherwise as
         :func:`device_peaks` gives it."""
-        if self.shared is not None:
+        if self.shared is not None and self.shared.host_peak:
             return self.shared.device_peak
         return device_peaks(self.per_device, max_mem=self.max_mem)[0]
 
     @property
     def host_peak(self):
         """The host's peak in bytes, or ``None`` when the step was not traced."""
-        if self.shared is not None:
+        if self.shared is not None and self.shared.host_peak:
             return self.shared.host_peak
         return device_peaks(self.per_device, max_mem=self.max_mem)[1]
 
@@ -207,7 +216,9 @@ class Measurement:
         if self.shared is not None:
             lines.append(f"  shared allocator: device peak {self.shared.device_peak / _MiB:.2f} "
                          f"MiB, host peak {self.shared.host_peak / _MiB:.2f} MiB, allocator "
-                         f"peak {self.shared.allocator_peak / _MiB:.2f} MiB (profiled steps)")
+                         f"peak {self.shared.allocator_peak / _MiB:.2f} MiB (profiled steps); "
+                         f"chunks beyond their requests at the device peak "
+                         f"{self.shared.device_chunk_waste / _MiB:.2f} MiB")
         return "\n".join(lines)
 
 
@@ -216,7 +227,8 @@ class Measurement:
 # ---------------------------------------------------------------------------------------
 
 
-def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5, trace=True):
+def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5, trace=True,
+            allocator_records=False):
     """Run a step repeatedly and measure its memory and time.
 
     Parameters
@@ -238,6 +250,10 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         ``steps`` more steps run under TensorFlow's profiler to fill ``shared``; if the profiler
         cannot run (another profiling session is active) ``shared`` stays ``None`` and
         ``device_peak`` is a lower bound, with a warning.
+    allocator_records : bool
+        With ``trace``, run the profiled steps and fill ``shared`` even when nothing is on
+        the host: its ``device_chunk_waste`` says how much of the device peak the
+        allocator's chunks hold beyond what was asked for (a BFC allocator's records only).
 
     Returns
     -------
@@ -262,8 +278,9 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         )
     warmup = _check_count("warmup", warmup, minimum=0)
     steps = _check_count("steps", steps, minimum=1)
-    if not isinstance(trace, bool):
-        raise InvalidTypeError(f"trace must be a bool, got {type(trace).__name__}")
+    for name, flag in (("trace", trace), ("allocator_records", allocator_records)):
+        if not isinstance(flag, bool):
+            raise InvalidTypeError(f"{name} must be a bool, got {type(flag).__name__}")
     stats_device = _stats_device(device)
     _memory_stats(stats_device)  # fail before running anything if there are no statistics
     for _ in range(warmup):
@@ -287,8 +304,9 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
              options=options, run_metadata=run_metadata)
         per_device = per_device_memory(run_metadata)
         host_ops = _ops_sharing_allocator(run_metadata, stats_device)
-        if host_ops:
-            shared = _profiled_peaks(session, fetches, feed_dict, host_ops, steps=steps)
+        if host_ops or allocator_records:
+            shared = _profiled_peaks(session, fetches, feed_dict, host_ops, steps=steps,
+                                     without_host=allocator_records)
 
     result = Measurement(
         device=stats_device,
@@ -352,8 +370,9 @@ def shared_allocator_peaks(events, host_ops):
     """:class:`SharedAllocatorPeaks` from an allocator's own records of a run of steps.
 
     ``events`` are :data:`ome.tfprivate.AllocatorEvent`-like tuples ``(picos, allocator, op,
-    address, nbytes, allocated)``: a chunk of ``nbytes`` allocated at ``address`` by ``op``
-    (``nbytes < 0``: freed), after which the allocator holds ``allocated`` bytes. Chunks
+    address, nbytes, allocated[, requested])``: a chunk of ``nbytes`` allocated at
+    ``address`` by ``op`` (``nbytes < 0``: freed), after which the allocator holds
+    ``allocated`` bytes; ``requested``, where given, what ``op`` asked for. Chunks
     allocated by an op in ``host_ops`` are the host's; every other chunk, including those
     allocated before the records begin, is the accelerator's. Only the allocator that holds
     the host's chunks is read (when the host allocated nothing: the one with the most
@@ -367,7 +386,7 @@ def shared_allocator_peaks(events, host_ops):
     >>> shared_allocator_peaks([(0, "bfc", "relu", 1, 40, 140),
     ...                         (1, "bfc", "swap_out", 2, 40, 180),
     ...                         (2, "bfc", "", 1, -40, 140)], {"swap_out"})
-    SharedAllocatorPeaks(allocator_peak=180, device_peak=140, host_peak=40)
+    SharedAllocatorPeaks(allocator_peak=180, device_peak=140, host_peak=40, device_chunk_waste=0)
     """
     events = sorted(events, key=lambda event: event[0])
     on_host = collections.Counter(e[1] for e in events if e[4] > 0 and e[2] in host_ops)
@@ -377,19 +396,25 @@ def shared_allocator_peaks(events, host_ops):
                                    "with a BFC allocator (TF_CPU_ALLOCATOR_USE_BFC=1)?")
     allocator = (on_host or every).most_common(1)[0][0]
     host_chunks, host_live = {}, 0
-    allocator_peak = device_peak = host_peak = 0
-    for _, name, op, address, nbytes, allocated in events:
+    wasted, waste = {}, 0  # device chunks' bytes beyond their requests, by address
+    allocator_peak = device_peak = host_peak = device_waste = 0
+    for _, name, op, address, nbytes, allocated, *requested in events:
         if name != allocator:
             continue
         if nbytes > 0 and op in host_ops:
             host_chunks[address] = nbytes
             host_live += nbytes
+        elif nbytes > 0 and requested and requested[0]:
+            wasted[address] = nbytes - requested[0]
+            waste += wasted[address]
         elif nbytes < 0:
             host_live -= host_chunks.pop(address, 0)
+            waste -= wasted.pop(address, 0)
         allocator_peak = max(allocator_peak, allocated)
-        device_peak = max(device_peak, allocated - host_live)
+        if allocated - host_live > device_peak:
+            device_peak, device_waste = allocated - host_live, waste
         host_peak = max(host_peak, host_live)
-    return SharedAllocatorPeaks(allocator_peak, device_peak, host_peak)
+    return SharedAllocatorPeaks(allocator_peak, device_peak, host_peak, device_waste)
 
 
 def device_peaks(per_device, *, max_mem):
@@ -486,19 +511,23 @@ def _ops_sharing_allocator(run_metadata, stats_device):
             for node in dev_stats.node_stats}
 
 
-def _profiled_peaks(session, fetches, feed_dict, host_ops, *, steps):
+def _profiled_peaks(session, fetches, feed_dict, host_ops, *, steps, without_host=False):
     """:class:`SharedAllocatorPeaks` of ``steps`` steps run under the profiler (each peak the
-    highest of any step, as ``max_mem`` is), or ``None`` when the profiler cannot run or the
-    host allocated nothing."""
+    highest of any step, as ``max_mem`` is), or ``None`` when the profiler cannot run or
+    (unless ``without_host``) the host allocated nothing."""
     try:
         events = tfprivate.allocator_events(
             lambda: [_run(session, fetches, feed_dict, phase="profiled") for _ in range(steps)])
         peaks = shared_allocator_peaks(events, host_ops)
     except (tf.errors.AlreadyExistsError, InvalidArgumentError) as err:
-        logger.warning("The shared allocator's records could not be read (%s); the device "
-                       "peak is a lower bound: max_mem less the host's traced peak.", err)
+        if host_ops:
+            logger.warning("The shared allocator's records could not be read (%s); the device "
+                           "peak is a lower bound: max_mem less the host's traced peak.", err)
+        else:
+            logger.warning("The allocator's records could not be read (%s); no chunk waste "
+                           "figure.", err)
         return None
-    return peaks if peaks.host_peak else None
+    return peaks if peaks.host_peak or without_host else None
 
 
 def _stats_device(device):

@@ -128,9 +128,10 @@ def keras_gradients_not_all_reduced(optimizers):
 
 # One allocator event of a profiled step. ``nbytes`` is the chunk's size, negative when it is
 # freed; ``allocated`` the allocator's bytes in use just after; ``op`` the op that allocated
-# it ("" for a deallocation, which names no op).
+# it ("" for a deallocation, which names no op); ``requested`` the bytes the op asked for
+# (0 for a deallocation): a best-fit allocator may hand out a whole free chunk up to twice that.
 AllocatorEvent = collections.namedtuple(
-    "AllocatorEvent", "picos allocator op address nbytes allocated")
+    "AllocatorEvent", "picos allocator op address nbytes allocated requested")
 
 
 def allocator_events(run):
@@ -179,6 +180,8 @@ def allocator_events(run):
                     op=str(stats.get("tf_op") or "") if kind == "MemoryAllocation" else "",
                     address=int(stats.get("addr") or 0),
                     nbytes=nbytes if kind == "MemoryAllocation" else -nbytes,
-                    allocated=int(stats.get("bytes_allocated") or 0)))
+                    allocated=int(stats.get("bytes_allocated") or 0),
+                    requested=int(stats.get("requested_bytes") or 0)
+                    if kind == "MemoryAllocation" else 0))
     events.sort(key=lambda e: e.picos)
     return events

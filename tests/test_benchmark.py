@@ -456,6 +456,22 @@ def test_simulator_check_judges_each_prediction_against_the_measured_peak():
     assert lines[-1] == "2 of 3 predictions within 5% of the measured device peak"
 
 
+def test_simulator_check_shows_the_error_less_the_allocators_chunk_waste():
+    rows = [_row("lms", peak=250 * MiB, predicted_peak_bytes=230 * MiB,
+                 device_chunk_waste_bytes=20 * MiB),
+            _row("ome", peak=200 * MiB, predicted_peak_bytes=199 * MiB,
+                 device_chunk_waste_bytes=0),
+            _row("openai", peak=100 * MiB, predicted_peak_bytes=101 * MiB)]
+    lines, misses = simulator_check.comparison(rows)
+    # judged on the measured peak: -8.0% misses; less its 20 MiB of waste, exact
+    assert lines[1].split()[-4:] == ["250.0", "-8.0%", "20.0", "+0.0%"]
+    assert lines[2].split()[-3:] == ["-0.5%", "0.0", "-0.5%"]
+    assert lines[3].split()[-1] == "+1.0%"  # no allocator records: no waste columns
+    assert [r.strategy for r in misses] == ["lms"]
+    assert lines[-2:] == ["2 of 3 predictions within 5% of the measured device peak",
+                          "2 of 2 within 5% of the measured device peak less its chunk waste"]
+
+
 def test_simulator_check_columns_line_up_under_long_strategy_names():
     rows = [_row("vanilla", peak=200 * MiB, predicted_peak_bytes=196 * MiB),
             _row("ome-optimal-swap", peak=100 * MiB, predicted_peak_bytes=101 * MiB)]
