@@ -486,12 +486,13 @@ def test_frontier_table_and_plot_put_predictions_beside_measurements(tmp_path):
                  predicted_added_s=0.0)
     points = [frontier.Point(plain), frontier.Point(_row("openai", peak=300 * MiB, time_s=1.3)),
               frontier.Point(_row("ome-budget", peak=280 * MiB, time_s=1.1,
-                                  predicted_peak_bytes=270 * MiB, predicted_added_s=0.08), 0.7),
+                                  predicted_peak_bytes=270 * MiB, predicted_added_s=0.08,
+                                  device_chunk_waste_bytes=12 * MiB), 0.7),
               frontier.Point(_row("ome-budget", status="oom", reason="cannot fit"), 0.55)]
     lines = frontier.table(points, plain)
-    assert lines[2].startswith("| vanilla |  | ok | 400 | 1.00 | 390 | 1.000 | 1.00 | +0.000 |")
-    assert lines[4] == ("| budget 0.70 | 280 | ok | 280 | 0.70 | 270 | 1.100 | 1.10 | +0.100 | "
-                        "+0.080 |")
+    assert lines[2].startswith("| vanilla |  | ok | 400 | - | 1.00 | 390 | 1.000 | 1.00 | +0.000 |")
+    assert lines[4] == ("| budget 0.70 | 280 | ok | 280 | 12 | 0.70 | 270 | 1.100 | 1.10 | "
+                        "+0.100 | +0.080 |")
     assert lines[5].startswith("| budget 0.55 | 220 | oom: cannot fit |")
     frontier.plot(points, str(tmp_path / "f.png"), "test")
     assert (tmp_path / "f.png").stat().st_size > 10_000
