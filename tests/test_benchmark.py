@@ -461,15 +461,20 @@ def test_simulator_check_shows_the_error_less_the_allocators_chunk_waste():
                  device_chunk_waste_bytes=20 * MiB),
             _row("ome", peak=200 * MiB, predicted_peak_bytes=199 * MiB,
                  device_chunk_waste_bytes=0),
-            _row("openai", peak=100 * MiB, predicted_peak_bytes=101 * MiB)]
+            _row("openai", peak=100 * MiB, predicted_peak_bytes=101 * MiB),
+            _row("vanilla", peak=300 * MiB, predicted_peak_bytes=301 * MiB,
+                 device_chunk_waste_bytes=30 * MiB)]
     lines, misses = simulator_check.comparison(rows)
     # judged on the measured peak: -8.0% misses; less its 20 MiB of waste, exact
     assert lines[1].split()[-4:] == ["250.0", "-8.0%", "20.0", "+0.0%"]
     assert lines[2].split()[-3:] == ["-0.5%", "0.0", "-0.5%"]
     assert lines[3].split()[-1] == "+1.0%"  # no allocator records: no waste columns
+    # plain backprop's prediction counts its updates' chunks already: not judged less waste
+    assert lines[4].split()[-3:] == ["+0.3%", "30.0", "-"]
     assert [r.strategy for r in misses] == ["lms"]
-    assert lines[-2:] == ["2 of 3 predictions within 5% of the measured device peak",
-                          "2 of 2 within 5% of the measured device peak less its chunk waste"]
+    assert lines[-2:] == ["3 of 4 predictions within 5% of the measured device peak",
+                          "2 of 2 rewritten plans within 5% of the measured device peak less "
+                          "its chunk waste"]
 
 
 def test_simulator_check_columns_line_up_under_long_strategy_names():
