@@ -478,6 +478,12 @@ def test_an_update_the_profile_saw_copy_holds_the_copy_while_it_runs():
     assert copying.in_scope("other").update_copies == {"g_w1": 10 * MiB}
     none = CostModel(gradient_lifetime="update", update_copies={"g_y": 10 * MiB})
     assert simulate.simulate(view, plan, none).device_peak == 8 * MiB
+    # A rewritten plan's chain runs no reader beside the update but those the replay
+    # sees (w2's copy-on-write until g_a): the profile's copy adds nothing there.
+    rewritten = plan_of(view, {"a:0": Decision.RECOMPUTE})
+    assert not rewritten.schedule.is_empty()
+    assert simulate.simulate(view, rewritten, copying).device_peak == simulate.simulate(
+        view, rewritten, CostModel(gradient_lifetime="update")).device_peak
 
 
 def test_a_held_gradient_waits_for_its_variables_backward_reads():
