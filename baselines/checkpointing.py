@@ -7,7 +7,7 @@ one of those modes and no swapping. docs/BASELINES.md lists where it still diffe
 OpenAI's TF1 library.
 """
 import ome
-from ome import errors
+from ome import errors, select
 
 from baselines.core import Built, Timer, graph_of
 
@@ -31,7 +31,10 @@ def openai(loss, variables, *, checkpoints="memory", batch_size=None, cost_model
             f"openai: checkpoints must be one of {OPENAI_MODES} (OpenAI's modes), got "
             f"{checkpoints!r}; a list of tensors is ome's own extension: use strategy 'ome'")
     timer = Timer(graph_of(loss))
-    grads, (plan, info) = ome.gradients(loss, variables, checkpoints=checkpoints,
+    # ome's own "speed" takes its optimal planner's plan when a cost model finds a lower one
+    # at no more time; given as a policy, the choice stays OpenAI's
+    policy = select.speed if checkpoints == "speed" else checkpoints
+    grads, (plan, info) = ome.gradients(loss, variables, checkpoints=policy,
                                         batch_size=batch_size, cost_model=cost_model,
                                         hold_gradients=False,  # ome's own addition
                                         return_info=True, name="openai_gradients")

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 import baselines
 import models
-from ome import errors
+from ome import errors, planner
+from ome.costs import CostModel
 from ome.host import session_config
 from ome.measure import measure
 from tests import graphs
@@ -273,3 +274,25 @@ def test_openai_refuses_the_unet_where_ome_plans(graph):
         sess.run(tf.compat.v1.global_variables_initializer())
         got, want = sess.run([built.grads, tf.gradients(case.ys, case.xs)], case.feed)
     assert_same(got, want)
+
+
+def test_openai_speed_keeps_openais_choice_with_a_cost_model(monkeypatch):
+    """A cost model informs ``openai-speed``'s predictions only: ome's own ``speed`` asks
+    its optimal planner for a lower plan at no more time and takes it, OpenAI's library
+    never did (the profiled ResNet-200 check built "speed:optimal" for it)."""
+    asked = []
+    consult = planner.lowest_at_no_more_time
+    monkeypatch.setattr(planner, "lowest_at_no_more_time",
+                        lambda *args, **kwargs: asked.append(1) or consult(*args, **kwargs))
+    built = {}
+    for name, model in (("openai-speed", None), ("openai-speed", CostModel()),
+                        ("ome-speed", CostModel())):
+        with tf.Graph().as_default():
+            case = graphs.batch_norm()
+            built[name, model is None] = baselines.build(name, case.ys[0], case.xs,
+                                                         cost_model=model)
+        assert bool(asked) == (name == "ome-speed")
+    plain, profiled = built["openai-speed", True], built["openai-speed", False]
+    assert profiled.info["policy"] == plain.info["policy"] == "speed"
+    assert profiled.info["checkpoints"] == plain.info["checkpoints"]
+    assert len(plain.info["checkpoints"]) == 3  # the three conv outputs
