@@ -42,6 +42,7 @@ __all__ = [
     "SharedAllocatorPeaks",
     "device_peaks",
     "measure",
+    "ops_sharing_allocator",
     "peak_from_records",
     "per_device_memory",
     "host_rss",
@@ -303,7 +304,7 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         _run(session, fetches, feed_dict, phase="traced",
              options=options, run_metadata=run_metadata)
         per_device = per_device_memory(run_metadata)
-        host_ops = _ops_sharing_allocator(run_metadata, stats_device)
+        host_ops = ops_sharing_allocator(run_metadata, stats_device)
         if host_ops or allocator_records:
             shared = _profiled_peaks(session, fetches, feed_dict, host_ops, steps=steps,
                                      without_host=allocator_records)
@@ -498,7 +499,7 @@ def _check_count(name, value, *, minimum):
     return value
 
 
-def _ops_sharing_allocator(run_metadata, stats_device):
+def ops_sharing_allocator(run_metadata, stats_device):
     """Names of the traced step's ops on other CPU devices than ``stats_device``, when that
     is a CPU (swap emulation: the host's ops, which share its allocator)."""
     if not stats_device.startswith("CPU:"):

@@ -134,27 +134,30 @@ def replay(events, host_ops, *, host_apart=False, split_above=DEFAULT_SPLIT_ABOV
     chunks of ``host_ops`` come from an allocator of their own."""
     device = BestFitAllocator(split_above)
     host = BestFitAllocator(split_above) if host_apart else device
-    live, host_chunks = {}, {}
+    live = {}  # address -> (its allocator, its chunk, whether it is the host's)
+    shared_bytes = shared_requested = 0  # the host's chunks in the device's allocator
     peak = requested_at_peak = as_recorded = allocations = 0
     for _, _, op, address, nbytes, _, requested in events:
         if nbytes > 0:
             on_host = op in host_ops
             allocator = host if on_host else device
             chunk = allocator.allocate(requested or nbytes)
-            live[address] = (allocator, chunk)
-            if on_host:
-                host_chunks[address] = chunk
+            live[address] = (allocator, chunk, on_host)
             allocations += 1
             as_recorded += chunk.size == nbytes
+            change = (chunk.size, chunk.requested)
         elif address in live:
-            allocator, chunk = live.pop(address)
+            allocator, chunk, on_host = live.pop(address)
+            change = (-chunk.size, -chunk.requested)  # before a merge grows the chunk
             allocator.release(chunk)
-            host_chunks.pop(address, None)
-        shared = [] if host_apart else host_chunks.values()
-        in_use = device.in_use - sum(c.size for c in shared)
-        if in_use > peak:
-            peak = in_use
-            requested_at_peak = device.requested - sum(c.requested for c in shared)
+        else:
+            continue
+        if on_host and not host_apart:
+            shared_bytes += change[0]
+            shared_requested += change[1]
+        if device.in_use - shared_bytes > peak:
+            peak = device.in_use - shared_bytes
+            requested_at_peak = device.requested - shared_requested
     return Replay(peak, requested_at_peak, as_recorded, allocations)
 
 
@@ -196,10 +199,7 @@ def _record(args, costs_path):
         metadata = tf.compat.v1.RunMetadata()
         session.run(step.train_op, step.feed_dict, run_metadata=metadata,
                     options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
-    # the ops that ran on the emulated host, which shares the device's allocator
-    host_ops = {node.node_name for stats in metadata.step_stats.dev_stats
-                if "CPU:" in stats.device and not stats.device.endswith("CPU:0")
-                for node in stats.node_stats}
+    host_ops = measure.ops_sharing_allocator(metadata, "CPU:0")
     recorded = measure.shared_allocator_peaks(events, host_ops)
     name = collections.Counter(e.allocator for e in events).most_common(1)[0][0]
     return [e for e in events if e.allocator == name], host_ops, recorded
