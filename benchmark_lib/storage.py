@@ -80,6 +80,15 @@ class Row:
         return self.status in FINISHED
 
     @property
+    def device_memory_cost_bytes(self):
+        """``device_peak_bytes - mem_used_bytes`` (``ome.measure.Measurement.
+        device_memory_cost``: in swap emulation ``memory_cost_bytes`` counts the host's
+        copies too), or None."""
+        if self.device_peak_bytes is None or self.mem_used_bytes is None:
+            return None
+        return self.device_peak_bytes - self.mem_used_bytes
+
+    @property
     def spread(self):
         """The interquartile range of the step times as a fraction of the median, or None."""
         times = (self.step_time_s, self.step_time_q1_s, self.step_time_q3_s)

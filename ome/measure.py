@@ -158,6 +158,14 @@ class Measurement:
         return self.max_mem - self.mem_used
 
     @property
+    def device_memory_cost(self):
+        """``device_peak - mem_used``: ``memory_cost`` on the accelerator alone. The same as
+        ``memory_cost`` on a GPU; in swap emulation ``max_mem`` also counts the host's
+        copies (one allocator serves both), which a step has freed again by its end, so
+        this is the figure to compare a swapping plan's by."""
+        return self.device_peak - self.mem_used
+
+    @property
     def device_peak(self):
         """The accelerator's peak in bytes: in swap emulation with something on the host,
         ``shared.device_peak`` (exact, from the profiled steps); otherwise as
@@ -190,6 +198,7 @@ class Measurement:
             "max_mem": self.max_mem,
             "mem_used": self.mem_used,
             "memory_cost": self.memory_cost,
+            "device_memory_cost": self.device_memory_cost,
             "device_peak": self.device_peak,
             "host_peak": self.host_peak,
             "step_time": self.step_time,

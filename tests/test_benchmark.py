@@ -487,17 +487,19 @@ def test_simulator_check_columns_line_up_under_long_strategy_names():
 
 
 def test_frontier_table_and_plot_put_predictions_beside_measurements(tmp_path):
-    plain = _row("vanilla", peak=400 * MiB, time_s=1.0, predicted_peak_bytes=390 * MiB,
-                 predicted_added_s=0.0)
+    plain = _row("vanilla", peak=400 * MiB, cost=250 * MiB, time_s=1.0,
+                 predicted_peak_bytes=390 * MiB, predicted_added_s=0.0)
     points = [frontier.Point(plain), frontier.Point(_row("openai", peak=300 * MiB, time_s=1.3)),
-              frontier.Point(_row("ome-budget", peak=280 * MiB, time_s=1.1,
+              frontier.Point(_row("ome-budget", peak=280 * MiB, cost=60 * MiB, time_s=1.1,
                                   predicted_peak_bytes=270 * MiB, predicted_added_s=0.08,
                                   device_chunk_waste_bytes=12 * MiB), 0.7),
               frontier.Point(_row("ome-budget", status="oom", reason="cannot fit"), 0.55)]
     lines = frontier.table(points, plain)
-    assert lines[2].startswith("| vanilla |  | ok | 400 | - | 1.00 | 390 | 1.000 | 1.00 | +0.000 |")
-    assert lines[4] == ("| budget 0.70 | 280 | ok | 280 | 12 | 0.70 | 270 | 1.100 | 1.10 | "
-                        "+0.100 | +0.080 |")
+    assert lines[2].startswith("| vanilla |  | ok | 400 | - | 1.00 | 250 | 1.00 | 390 | 1.000 | "
+                               "1.00 | +0.000 |")
+    # the device's memory_cost: the peak less what stays allocated, 60 of plain's 250 MiB
+    assert lines[4] == ("| budget 0.70 | 280 | ok | 280 | 12 | 0.70 | 60 | 0.24 | 270 | 1.100 | "
+                        "1.10 | +0.100 | +0.080 |")
     assert lines[5].startswith("| budget 0.55 | 220 | oom: cannot fit |")
     frontier.plot(points, str(tmp_path / "f.png"), "test")
     assert (tmp_path / "f.png").stat().st_size > 10_000
@@ -637,10 +639,17 @@ def test_interleaved_measures_memory_and_times_the_strategies_in_each_repetition
     assert "1 repetition, each a fresh process per strategy for memory, then 0 warm-up " \
            "and 2 timed rounds of vanilla, ome in one" in out
     assert re.search(r"repetition 1: vanilla \d\.\d{3} s \(IQR \d+%\) 1\.00x, "
-                     r"memory_cost \d+\.\d MiB \| ome \d\.\d{3} s \(IQR \d+%\) "
-                     r"\d\.\d\dx, memory_cost \d+\.\d MiB", out), out
+                     r"device memory_cost \d+\.\d MiB \| ome \d\.\d{3} s \(IQR \d+%\) "
+                     r"\d\.\d\dx, device memory_cost \d+\.\d MiB", out), out
     assert re.search(r"\n  ome +\d\.\d\d +\d\.\d\d +0\.0% +"
                      r"\d+\.\d +\d+\.\d +\d\.\d\d\n", out), out
+
+
+def test_interleaved_memory_runs_take_the_peak_over_as_many_steps_as_the_rounds_time():
+    config, processes = interleaved.prepare(_parse(["--interleaved", "--steps", "7"]))
+    spec = interleaved._memory_spec(config, "resnet50", "vanilla", 16)
+    assert (spec.steps, spec.timed, spec.profile, processes) == (7, False, True, 3)
+    assert config.spec(RunKey("resnet50", "vanilla", 16)).steps == 1  # the sweep's: one
 
 
 def test_interleaved_summary_says_which_strategy_needed_less_memory_in_how_many(capsys):
@@ -649,12 +658,13 @@ def test_interleaved_summary_says_which_strategy_needed_less_memory_in_how_many(
              "b": [118.0, 119.0, 121.0]}
     interleaved._summary(("vanilla", "a", "b"), ratios, costs)
     out = capsys.readouterr().out
-    assert "(vanilla's memory_cost per repetition: 400.0 420.0 410.0 MiB, median 410.0)" in out
+    assert "(vanilla's device memory_cost per repetition: 400.0 420.0 410.0 MiB, median " \
+           "410.0)" in out
     assert re.search(r"\n  a +1\.30 1\.20 1\.25 +1\.25 +8\.3% +120\.0 112\.0 115\.0 +115\.0 "
                      r"+0\.28\n", out), out
     # a's median (115) is below b's (119): a is named first, below in 2 of 3 (120 > 118)
-    assert "a below b in memory_cost in 2 of 3 repetitions (by -2.0 to +7.0 MiB); its step " \
-           "time 1.04x b's (median; 0.92-1.08)" in out
+    assert "a below b in device memory_cost in 2 of 3 repetitions (by -2.0 to +7.0 MiB); " \
+           "its step time 1.04x b's (median; 0.92-1.08)" in out
 
 
 def _parse(argv):

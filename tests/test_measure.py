@@ -4,6 +4,7 @@ Memory tests use tensors of exactly 1 MiB (256 x 1024 float32) so every expected
 computed by hand. TensorFlow's allocator reports these sizes exactly on CPU; ``TOL`` leaves
 room for a few scalars.
 """
+import dataclasses
 import os
 import re
 import subprocess
@@ -179,6 +180,21 @@ def test_measurement_dict_and_text():
     assert "/device:CPU:0: peak 4.00 MiB" in text
     with pytest.raises(Exception):
         m.max_mem = 0  # frozen
+
+
+def test_device_memory_cost_leaves_out_the_emulated_hosts_copies():
+    # one allocator serves device and host in emulation: max_mem (9 MiB) counts the host's
+    # 3 MiB of copies, the device's own records peak at 6 MiB; 2 MiB stay allocated
+    shared = SharedAllocatorPeaks(allocator_peak=9 * MiB, device_peak=6 * MiB,
+                                  host_peak=3 * MiB)
+    m = Measurement(device="CPU:0", max_mem=9 * MiB, mem_used=2 * MiB, step_time=0.002,
+                    step_times=(0.002,), host_rss=100 * MiB, shared=shared)
+    assert m.memory_cost == 7 * MiB and m.device_memory_cost == 4 * MiB
+    assert m.to_dict()["device_memory_cost"] == 4 * MiB
+    # nothing on the host (a GPU's own allocator, or no swaps): the two are the same
+    alone = dataclasses.replace(m, max_mem=6 * MiB, shared=None,
+                                per_device={CPU0: DeviceMemory(6 * MiB, 2 * MiB, 8 * MiB)})
+    assert alone.device_memory_cost == alone.memory_cost == 4 * MiB
 
 
 # ---------------------------------------------------------------------------------------

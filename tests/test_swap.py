@@ -11,6 +11,7 @@ from ome import errors
 from ome.host import session_config
 from ome.measure import measure
 from tests import graphs
+from tests.scripts import swap_against_recompute
 
 MiB = 2 ** 20
 HOST = "/device:CPU:1"
@@ -149,62 +150,24 @@ def test_no_host_device_is_a_clear_error():
     assert "REFUSED" in out and "host" in out
 
 
-def _model_step(name, batch, size, gradients=None):
-    import models
-    return models.build_train_step(
-        name, batch, size, num_classes=10, dropout=False if name == "inception_v4" else None,
-        **({} if gradients is None else {"gradients": gradients}))
-
-
-def model_costs(name, batch, size):
-    """The cost model of a zoo model's plain gradients, host link included."""
-    with tf.Graph().as_default():
-        step = _model_step(name, batch, size)
-        with tf.compat.v1.Session(config=session_config()) as sess:
-            sess.run(step.init_op)
-            return ome.profile(sess, list(step.grads), step.feed_dict, host_device=HOST)
-
-
-def model_grads_peak(name, batch, size, **options):
-    """Device and host peaks (emulation) of the gradients of a zoo model under ome."""
-    with tf.Graph().as_default():
-        step = _model_step(name, batch, size, lambda ys, xs: ome.gradients(ys, xs, **options))
-        with tf.compat.v1.Session(config=session_config()) as sess:
-            sess.run(step.init_op)
-            m = measure(sess, list(step.grads), step.feed_dict, warmup=1, steps=1)
-    return m.device_peak, m.host_peak
-
-
 # ResNet-50 at 16 x 112x112, checkpoints="speed", planned from a profile: swap="auto"
 # keeps most conv outputs on the host and recomputes nothing. A training step measured
 # 488 -> 344 MiB that way (2026-11-27; when swap="auto" swapped only the checkpoints,
 # 415-432 -> 378-385 MiB). Since "speed" with a profile takes the optimal planner's lower
 # plan (2026-11-28), the gradients alone measured 413.0 -> 329.2 MiB.
-# In a process of its own: in the full suite, what earlier tests left in the allocator
-# changed the traced peaks (recompute-only 111 MiB, with swaps 139 MiB; alone 139-155 and
-# 105-128).
-_MODEL_PEAKS = """
-import tests.conftest
-from tests.test_swap import model_costs, model_grads_peak
-costs = model_costs({name!r}, {batch}, {size})
-recompute, _ = model_grads_peak({name!r}, {batch}, {size}, checkpoints="speed", cost_model=costs)
-ome_peak, host = model_grads_peak({name!r}, {batch}, {size}, checkpoints="speed", swap="auto",
-                                  cost_model=costs)
-print(recompute, ome_peak, host)
-"""
-
-
+# In a process of its own (the script starts one): in the full suite, what earlier tests
+# left in the allocator changed the traced peaks (recompute-only 111 MiB, with swaps 139
+# MiB; alone 139-155 and 105-128).
 @pytest.mark.slow  # about two minutes; benchmark.py --simulator-check measures the same
 @pytest.mark.parametrize("name,batch,size", [("resnet50", 16, 112)])
 def test_ome_below_recompute_only_on_models(name, batch, size):
-    out = subprocess.run([sys.executable, "-c", _MODEL_PEAKS.format(name=name, batch=batch,
-                                                                    size=size)],
-                         check=True, capture_output=True, text=True, timeout=600).stdout
-    recompute, ome_peak, host_peak = map(int, out.split()[-3:])
-    print(f"{name}: device peak recompute-only {recompute / MiB:.1f} MiB, OME "
-          f"{ome_peak / MiB:.1f} MiB, host {host_peak / MiB:.1f} MiB")
-    assert ome_peak <= 0.95 * recompute
-    assert host_peak > 0
+    (result,) = swap_against_recompute.run_processes(name, batch, size, "speed", processes=1,
+                                                     timeout=600)
+    recompute, swapping = result["recompute"], result["swap"]
+    print(swap_against_recompute.report([result], 0.95))
+    assert recompute["swapped"] == 0 and swapping["swapped"] > 0
+    assert swapping["device_peak"] <= 0.95 * recompute["device_peak"]
+    assert swapping["host_peak"] > 0
 
 
 def test_resnet50_budgets_are_met_with_a_profile():

@@ -157,23 +157,28 @@ def run(prepared):
 
 
 def table(points, plain):
-    """The Markdown table: per run its budget, measured and predicted peak and time, and
-    how much of the measured peak was the allocator's chunks beyond their requests."""
+    """The Markdown table: per run its budget, measured and predicted peak and time, how
+    much of the measured peak was the allocator's chunks beyond their requests, and its
+    ``memory_cost`` on the device (the peak less what stays allocated: the thesis's figure,
+    without the emulated host's copies)."""
     lines = ["| run | budget MiB | status | device peak MiB | of it chunk waste MiB | ×plain | "
-             "predicted peak MiB | step s | ×plain | added s | predicted added s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "device memory_cost MiB | ×plain | predicted peak MiB | step s | ×plain | added s "
+             "| predicted added s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for point in points:
         row = point.row
         budget = "" if point.fraction is None else \
             f"{point.fraction * plain.device_peak_bytes / MiB:.0f}"
         if not row.ok:
             lines.append(f"| {point.label} | {budget} | {row.status}: "
-                         f"{(row.reason or '')[:120]} | | | | | | | | |")
+                         f"{(row.reason or '')[:120]} | | | | | | | | | | |")
             continue
         lines.append(
             f"| {point.label} | {budget} | ok | {row.device_peak_bytes / MiB:.0f} | "
             f"{_mib(row.device_chunk_waste_bytes)} | "
             f"{row.device_peak_bytes / plain.device_peak_bytes:.2f} | "
+            f"{_mib(row.device_memory_cost_bytes)} | "
+            f"{row.device_memory_cost_bytes / plain.device_memory_cost_bytes:.2f} | "
             f"{_mib(row.predicted_peak_bytes)} | {row.step_time_s:.3f} | "
             f"{row.step_time_s / plain.step_time_s:.2f} | "
             f"{row.step_time_s - plain.step_time_s:+.3f} | "

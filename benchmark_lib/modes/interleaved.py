@@ -8,14 +8,18 @@ in a graph and session of its own, and times them in rounds, one step of each in
 they all run at that process's speed. Memory needs a fresh process per strategy (sessions
 of one process share its allocator), and what stays allocated between steps moves by a few
 MiB between processes (the allocator's chunks), so each of ``--processes`` repetitions
-measures every strategy's ``memory_cost`` in a worker of its own, then times them all in
-one. The table gives each repetition's figures, their medians and ranges, and for every
-two strategies after the first, in how many repetitions one needed less memory than the
+measures every strategy's memory in a worker of its own (the peak over ``--steps``
+steps), then times them all in one. The memory figure is the device's ``memory_cost``:
+its peak less what stays allocated (``ome.measure.Measurement.device_memory_cost``; in
+swap emulation the allocator's own ``memory_cost`` counts the host's copies too). The
+table gives each repetition's figures, their medians and ranges, and for every two
+strategies after the first, in how many repetitions one needed less memory than the
 other and at what time. As in ``--frontier``, each worker profiles the plain step first
 and strategies that take a cost model get it (ome's, as a user who profiles would run
 them; OpenAI's choice ignores it).
 Defaults: ResNet-50, batch 16, 112x112, vanilla,ome,openai, 3 processes.
 """
+import dataclasses
 import itertools
 import statistics
 
@@ -64,7 +68,7 @@ def _compare(pool, config, model, batch, processes):
         label = f"  repetition {index + 1}"
         for strategy in strategies:
             try:
-                row = Row.from_dict(pool.call(config.spec(RunKey(model, strategy, batch)),
+                row = Row.from_dict(pool.call(_memory_spec(config, model, strategy, batch),
                                               timeout=config.timeout)["row"])
             except WorkerFailed as exc:
                 print(f"{label}: {strategy}'s memory run failed: {exc}", flush=True)
@@ -72,7 +76,7 @@ def _compare(pool, config, model, batch, processes):
             if not row.ok:
                 print(f"{label}: {strategy}: {row.status}: {row.reason}", flush=True)
                 return False
-            costs[strategy].append(row.memory_cost_bytes / MiB)
+            costs[strategy].append(row.device_memory_cost_bytes / MiB)
         try:
             result = pool.call(spec, timeout=config.timeout)
         except WorkerFailed as exc:
@@ -88,10 +92,20 @@ def _compare(pool, config, model, batch, processes):
             q1, median, q3 = quartiles[strategy]
             ratios[strategy].append(median / quartiles[first][1])
             cells.append(f"{strategy} {median:.3f} s (IQR {format_percent((q3 - q1) / median)}) "
-                         f"{ratios[strategy][-1]:.2f}x, memory_cost {costs[strategy][-1]:.1f} MiB")
+                         f"{ratios[strategy][-1]:.2f}x, device memory_cost "
+                         f"{costs[strategy][-1]:.1f} MiB")
         print(f"{label}: " + " | ".join(cells), flush=True)
     _summary(strategies, ratios, costs)
     return True
+
+
+def _memory_spec(config, model, strategy, batch):
+    """The worker spec of a memory run: the peak over as many steps as the rounds time
+    (``--steps``; the sweep's memory runs take one), as ``--frontier``'s runs measure it:
+    plain backprop's peak moves from step to step with the order its updates run in
+    (ResNet-50, 2026-11-29: 627-654 MiB over one step in three processes, 663-683 over
+    five in five)."""
+    return dataclasses.replace(config.spec(RunKey(model, strategy, batch)), steps=config.steps)
 
 
 def _summary(strategies, ratios, costs):
@@ -100,7 +114,7 @@ def _summary(strategies, ratios, costs):
     first = strategies[0]
     base = statistics.median(costs[first])
     print(f"  {'strategy':<18} {'step x ' + first + ' per repetition':<34} {'median':>6} "
-          f"{'range':>6}   {'memory_cost MiB per repetition':<38} {'median':>7} "
+          f"{'range':>6}   {'device memory_cost MiB per repetition':<38} {'median':>7} "
           f"{'x ' + first:>9}")
     for strategy in strategies[1:]:
         times = " ".join(f"{v:.2f}" for v in ratios[strategy])
@@ -109,7 +123,7 @@ def _summary(strategies, ratios, costs):
               f"{max(ratios[strategy]) / min(ratios[strategy]) - 1:>6.1%}   {memory:<38} "
               f"{statistics.median(costs[strategy]):>7.1f} "
               f"{statistics.median(costs[strategy]) / base:>9.2f}")
-    print(f"  ({first}'s memory_cost per repetition: "
+    print(f"  ({first}'s device memory_cost per repetition: "
           f"{' '.join(f'{v:.1f}' for v in costs[first])} MiB, median {base:.1f})")
     for a, b in itertools.combinations(strategies[1:], 2):
         if statistics.median(costs[b]) < statistics.median(costs[a]):
@@ -117,7 +131,7 @@ def _summary(strategies, ratios, costs):
         below = sum(x < y for x, y in zip(costs[a], costs[b]))
         gaps = [y - x for x, y in zip(costs[a], costs[b])]
         times = [x / y for x, y in zip(ratios[a], ratios[b])]
-        print(f"  {a} below {b} in memory_cost in {below} of {len(gaps)} repetitions "
+        print(f"  {a} below {b} in device memory_cost in {below} of {len(gaps)} repetitions "
               f"(by {min(gaps):+.1f} to {max(gaps):+.1f} MiB); its step time "
               f"{statistics.median(times):.2f}x {b}'s (median; {min(times):.2f}-"
               f"{max(times):.2f})")
