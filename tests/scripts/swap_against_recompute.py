@@ -18,7 +18,8 @@ import statistics
 import subprocess
 import sys
 
-MiB = 2 ** 20
+from benchmark_lib.units import format_mib
+
 RESULT = "@@swap-against-recompute "
 
 
@@ -103,15 +104,12 @@ def ratio(result, less_waste=False):
     return peak(result["swap"]) / peak(result["recompute"])
 
 
-def _mib(value):
-    return "-" if value is None else f"{value / MiB:.1f}"
-
-
 def _row(index, result):
     rec, swp = result["recompute"], result["swap"]
-    return (f"| {index} | {_mib(rec['predicted'])} / {_mib(rec['device_peak'])} "
-            f"({_mib(rec['waste'])}) | {_mib(swp['predicted'])} / {_mib(swp['device_peak'])} "
-            f"({_mib(swp['waste'])}), host {_mib(swp['host_peak'])}, {swp['swapped']} swapped "
+    return (f"| {index} | {format_mib(rec['predicted'])} / {format_mib(rec['device_peak'])} "
+            f"({format_mib(rec['waste'])}) | {format_mib(swp['predicted'])} / "
+            f"{format_mib(swp['device_peak'])} ({format_mib(swp['waste'])}), host "
+            f"{format_mib(swp['host_peak'])}, {swp['swapped']} swapped "
             f"| {ratio(result):.3f} | {ratio(result, less_waste=True):.3f} |")
 
 
