@@ -494,15 +494,23 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     # A copy of a tf.function graph loses captured variables' shapes (their handles become
     # plain placeholders), so there the plan is made on the graph itself.
     forward = capture_mod.upstream_ops(ys)
+    planned = None
     if options.can_fail(forward) and not _uncopyable(forward) \
             and not hasattr(graph, "captures"):
-        scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size, tf_options)
+        scratch, planned_on = _scratch_view(ys, xs, grad_ys, scope, options.batch_size,
+                                            tf_options)
         with scratch.as_default():
-            make_policy_plan(view, options, scratch)  # raises here, on the copy
+            planned = make_policy_plan(planned_on, options, scratch)  # raises here, on the copy
     graph.unique_name(name or "gradients")  # claim the scope
     grads, view, backward_ops = _build_and_capture(ys, xs, grad_ys, scope,
                                                    options.batch_size, tf_options)
-    chosen = make_policy_plan(view, options, graph)
+    # The copy's plan is the plan when the copy's backward is this one, op for op: planned
+    # once (a search with a deadline may choose differently a second time, and a policy
+    # the user wrote is called once).
+    if planned is not None and planned_on.same_steps(view):
+        chosen = planned
+    else:
+        chosen = make_policy_plan(view, options, graph)
     info = _apply(chosen, view, graph, scope)
     info.backward_ops = backward_ops
     grads = _returned(grads, info.held)

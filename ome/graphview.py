@@ -229,6 +229,14 @@ class GraphView:
         return GraphView(self.ops, tensors, self.forward, self.backward, self.xs, self.ys,
                          self.grads, self.seeds)
 
+    def same_steps(self, other):
+        """Whether ``other`` captures the same ops and tensors in the same orders (the
+        dicts' own order aside): a plan for one is a plan for the other."""
+        return (self.ops == other.ops and self.tensors == other.tensors
+                and self.forward == other.forward and self.backward == other.backward
+                and self.xs == other.xs and self.ys == other.ys and self.grads == other.grads
+                and self.seeds == other.seeds)
+
     # -- plain data ---------------------------------------------------------------------
     def to_dict(self):
         return {"ops": [dataclasses.asdict(o) for o in self.ops.values()],

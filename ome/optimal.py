@@ -41,11 +41,12 @@ MIP_GAP = 1e-3
 MAX_STAGES = 400
 # ``estimates["solver"]``: how the returned plan was found (estimates hold numbers only).
 SOLVER_OPTIMAL = 0.0  # HiGHS proved the model's optimum (within MIP_GAP)
-SOLVER_TIME_LIMIT = 1.0  # HiGHS stopped at the time limit; ``gap`` says how far it got
+SOLVER_TIME_LIMIT = 1.0  # HiGHS stopped at its node or time limit; ``gap``: how far it got
 SOLVER_AUTO = 2.0  # no solver plan did better: select.auto's plan
 SOLVER_PLAIN = 3.0  # plain backprop fits: nothing to recompute or swap
 SOLVER_REFERENCE = 4.0  # transformer.optimal_within: its mode's own plan was faster
-SOLVER_NAMES = {SOLVER_OPTIMAL: "HiGHS optimal", SOLVER_TIME_LIMIT: "HiGHS time limit",
+SOLVER_NAMES = {SOLVER_OPTIMAL: "HiGHS optimal",
+                SOLVER_TIME_LIMIT: "HiGHS node or time limit",
                 SOLVER_AUTO: "select.auto's plan: no solver plan did better",
                 SOLVER_PLAIN: "plain backprop fits",
                 SOLVER_REFERENCE: "the reference mode's plan: no solver plan was faster"}
@@ -53,7 +54,15 @@ _SOLVED = (SOLVER_OPTIMAL, SOLVER_TIME_LIMIT)
 # The polish and the descent stop after this many undone decisions in a row that did
 # not help.
 POLISH_MISSES = 3
-# A solve gets at least this long, even past the deadline (one solve always completes).
+# Branch-and-bound nodes HiGHS may explore in one solve: a solve ends by its work, not
+# by the clock, so a busy machine finds the same plan, only later.
+MAX_NODES = 50
+# A search's first solve ignores the deadline (one solve always ends by its own rules):
+# cut by the clock, HiGHS returns its first incumbent (docs/ALGORITHM.md: on a busy
+# machine a ResNet-50 budget got what measures as the smallest-peak plan, adding 100x the
+# time the budget's plan does). Its own time limit, this many seconds, is a safety net.
+FIRST_SOLVE_SECONDS = 60.0
+# A later solve gets at least this long, even past the deadline.
 MIN_SOLVE_SECONDS = 0.5
 _UNIT = 1024.0  # the program counts KiB (bytes stay above HiGHS's tolerances) and ms
 
@@ -428,6 +437,7 @@ class _Problem:
                       bounds=Bounds(program.lower, program.upper),
                       constraints=program.constraints(),
                       options={"time_limit": max(seconds, 0.01), "mip_rel_gap": MIP_GAP,
+                               "node_limit": MAX_NODES,
                                "disp": False})
         elapsed = time.perf_counter() - started
         log.debug("optimal: HiGHS status %s in %.3f s (%s)", result.status, elapsed,
@@ -770,7 +780,8 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     smallest peak found (never above ``select.auto``'s), at the least time found for that
     peak. ``pins`` ({tensor: "keep"|"recompute"|"swap"}) are honoured; swaps are
     considered only with a ``host_device``. ``time_limit``: seconds for the search (the
-    solver and the simulations checking its plans); one solve always completes.
+    solver and the simulations checking its plans); its first solve always ends by its
+    own rules (HiGHS's gap or :data:`MAX_NODES`), whatever the clock says.
     ``hold_gradients``: plan, and return, plans whose gradients are held, in the order
     that makes possible (:func:`ome.plans.with_gradient_holds`).
     Estimates: ``device_peak`` (simulated), ``added_seconds``, ``solver`` (a code, see
@@ -822,6 +833,7 @@ class _Search:
         self.problem = problem
         self.deadline = time.perf_counter() + time_limit
         self.solve_seconds = 0.0
+        self.solves = 0
         self.trials: List[_Trial] = []
 
     def remaining(self):
@@ -890,7 +902,9 @@ class _Search:
         solution."""
         problem = self.problem
         seconds = self.remaining() if seconds is None else seconds
-        solution, elapsed = problem.solve(target, max(seconds, MIN_SOLVE_SECONDS))
+        least = MIN_SOLVE_SECONDS if self.solves else FIRST_SOLVE_SECONDS
+        solution, elapsed = problem.solve(target, max(seconds, least))
+        self.solves += 1
         self.solve_seconds += elapsed
         if solution is None:
             log.info("optimal: no plan for a modelled limit of %s",
@@ -976,7 +990,7 @@ class _Search:
                 replace(t, reason=f"{t.reason} ({SOLVER_NAMES[trial.status]})")
                 for t in plan.tensors))
         elif trial.status == SOLVER_TIME_LIMIT:
-            log.info("optimal: HiGHS stopped at its time limit, gap %.3g", trial.gap)
+            log.info("optimal: HiGHS stopped at its node or time limit, gap %.3g", trial.gap)
         estimates = dict(device_peak=float(trial.peak), added_seconds=float(trial.seconds),
                          solver=trial.status, gap=trial.gap,
                          solve_seconds=self.solve_seconds, model_peak=trial.model_peak,

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors, rewrite
+from ome import errors, rewrite, select
 from tests import graphs, randomgraphs
 
 MODES = ["auto", "memory", "speed", "collection", "list"]
@@ -213,6 +213,26 @@ def test_plan_prints_and_round_trips(graph):
     ops_before = len(graph.get_operations())
     ome.plan(case.ys, case.xs)
     assert len(graph.get_operations()) == ops_before, "plan() must not touch the graph"
+
+
+def test_a_plan_made_on_the_copy_is_the_plan_built(graph):
+    # a user's policy can refuse, so it runs on a copy first; the plan it made there is the
+    # one built (the policy called once, its plan object returned as the chosen one)
+    case = graphs.residual_chain(blocks=10)
+    made = []
+
+    def every_other_block(view):
+        made.append(select.explicit(view, [t.name for t in case.interior[::2]],
+                                    policy="every other"))
+        return made[-1]
+
+    grads, (chosen, info) = ome.gradients(case.ys, case.xs, checkpoints=every_other_block,
+                                          return_info=True)
+    assert len(made) == 1 and chosen.recomputed and info.copied_ops
+    # (ome.gradients holds gradients and orders leaves on top of the policy's plan)
+    assert chosen.tensors == made[0].tensors
+    assert chosen.schedule.groups == made[0].schedule.groups
+    assert_same(*run_both(case, grads))
 
 
 def test_optimizer_minimize_through_patch(graph):

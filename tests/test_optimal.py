@@ -162,6 +162,27 @@ def test_the_limit_is_met_by_the_simulated_peak():
         assert plan.count(Decision.RECOMPUTE) > 0
 
 
+def test_the_first_solve_ends_by_its_own_rules_not_the_deadline(monkeypatch):
+    # On a busy machine the deadline passes during the first solve: HiGHS must still end
+    # it by its gap or node limit (cut by the clock it returns its first incumbent, which
+    # can be the smallest-peak plan), and only later solves are cut.
+    calls = []
+
+    def recorded(*args, options, **kwargs):
+        calls.append(dict(options))  # milp pops what it reads
+        return real(*args, options=options, **kwargs)
+
+    real = optimal.milp
+    monkeypatch.setattr(optimal, "milp", recorded)
+    view = chain(20)
+    plan = optimal.optimal(view, limit=10 * MiB, time_limit=1e-9)
+    assert calls[0]["time_limit"] >= optimal.FIRST_SOLVE_SECONDS
+    assert all(c["node_limit"] == optimal.MAX_NODES for c in calls)
+    assert all(c["time_limit"] == optimal.MIN_SOLVE_SECONDS for c in calls[1:])
+    assert plan.estimates["solver"] == optimal.SOLVER_OPTIMAL
+    assert plan.estimates["device_peak"] <= 10 * MiB and plan.recomputed
+
+
 def test_an_infeasible_limit_names_the_smallest_peak_reached():
     view = chain(6)
     smallest = optimal.optimal(view).estimates["device_peak"]

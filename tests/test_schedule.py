@@ -327,6 +327,17 @@ def test_plan_and_view_round_trip_through_json():
     assert "recompute group 0" in text and "swap a:0" in text
 
 
+def test_views_of_the_same_step_are_the_same_whatever_their_dicts_order():
+    view = chain()
+    data = view.to_dict()
+    reordered = dict(data, ops=data["ops"][::-1], tensors=data["tensors"][::-1])
+    assert GraphView.from_dict(reordered).same_steps(view)
+    costlier = dict(data, ops=[dict(o, cost=o["cost"] + (o["name"] == "b")) for o in data["ops"]])
+    assert not GraphView.from_dict(costlier).same_steps(view)
+    other_order = dict(data, backward=data["backward"][::-1])
+    assert not GraphView.from_dict(other_order).same_steps(view)
+
+
 def test_replay_runs_each_backward_op_as_soon_as_it_is_ready():
     view = chain()
     order = schedule.replay_order(view)

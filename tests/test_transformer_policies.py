@@ -1,5 +1,6 @@
 """ome.transformer: none / selective / full recomputation on the zoo's tiny GPT and on an
 attention model written by hand (other op names, Einsum instead of BatchMatMul)."""
+import functools
 import json
 import os
 import subprocess
@@ -179,11 +180,15 @@ def test_optimal_within_selective_is_no_higher_and_no_slower(graph):
     # ome's own plan: the optimal planner under selective's simulated peak. Selective is
     # one of the plans it may pick, so by the same cost model it adds no more time; half
     # of the time it saves goes to a lower peak.
+    # The claims are about the plans the search ends with by its own rules, not at a
+    # deadline that a loaded machine reaches first (the default 3 s: on two busy cores a
+    # search here stopped with selective's own plan and saved nothing)
+    finished = functools.partial(transformer.optimal_within, time_limit=60)
     loss, variables, feed, _ = _tiny_gpt(batch=4, sequence=32)
-    plan = _assert_gradients_equal(loss, variables, feed, transformer.optimal_within)
+    plan = _assert_gradients_equal(loss, variables, feed, finished)
     view = ome.capture_view(loss, variables)
     plain = planner.with_predictions(view, transformer.none(view))
-    fastest = transformer.optimal_within(view, trade=0)
+    fastest = finished(view, trade=0)
     reference = plan.estimates["reference_seconds"]
     saved = reference - fastest.estimates["added_seconds"]
     assert plan.estimates["reference_peak"] < plain.estimates["device_peak"]

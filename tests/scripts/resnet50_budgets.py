@@ -1,5 +1,7 @@
 """ResNet-50 (batch 16, 112x112, momentum) trained under memory budgets planned from a
-profile of the plain step; prints ``budget=<MiB> peak=<bytes> policy=<name>`` per budget.
+profile of the plain step; prints ``budget=<MiB> peak=<bytes> mem_used=<bytes>
+predicted=<bytes> policy=<name>`` per budget (``predicted``: the plan's device peak as planned,
+what stays allocated between steps included).
 
 Run by tests/test_swap.py in a process of its own: ``max_mem`` counts every allocation of
 the process, so buffers earlier tests left behind (about 20 MiB in the full suite) would
@@ -32,7 +34,7 @@ for budget_mib in map(int, sys.argv[1:]):
     def gradients(ys, xs, budget=f"{budget_mib}MiB"):
         grads, (plan, _) = ome.gradients(ys, xs, memory_budget=budget, cost_model=costs,
                                          return_info=True)
-        chosen["policy"] = plan.policy
+        chosen["policy"], chosen["predicted"] = plan.policy, plan.estimates["device_peak"]
         return grads
 
     with tf.Graph().as_default():
@@ -40,4 +42,5 @@ for budget_mib in map(int, sys.argv[1:]):
         with tf.compat.v1.Session() as sess:
             sess.run(step.init_op)
             m = measure(sess, step.train_op, step.feed_dict, warmup=1, steps=2, trace=False)
-    print(f"budget={budget_mib} peak={m.max_mem} policy={chosen['policy']}", flush=True)
+    print(f"budget={budget_mib} peak={m.max_mem} mem_used={m.mem_used} "
+          f"predicted={chosen['predicted']:.0f} policy={chosen['policy']}", flush=True)
