@@ -54,8 +54,8 @@ _SOLVED = (SOLVER_OPTIMAL, SOLVER_TIME_LIMIT)
 # The polish and the descent stop after this many undone decisions in a row that did
 # not help.
 POLISH_MISSES = 3
-# Branch-and-bound nodes HiGHS may explore in one solve: a solve ends by its work, not
-# by the clock, so a busy machine finds the same plan, only later.
+# Branch-and-bound nodes HiGHS may explore in one solve: a solve the clock does not cut
+# ends by its work, so a busy machine finds the same plan there, only later.
 MAX_NODES = 50
 # A search's first solve ignores the deadline (one solve always ends by its own rules):
 # cut by the clock, HiGHS returns its first incumbent (docs/ALGORITHM.md: on a busy
