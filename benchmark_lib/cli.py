@@ -138,6 +138,11 @@ def make_parser(modes):
     p.add_argument("--processes", type=_positive_int,
                    help="repetitions --interleaved measures and times in, each in fresh "
                         "processes (default 3)")
+    p.add_argument("--growing-allocator", action="store_true", default=None,
+                   help="let the emulated accelerator's allocator grow from regions of 2 MiB, "
+                        "as the CPU's does (and a GPU's with memory growth on), instead of "
+                        "one region reserved at the start, as a GPU's allocator has by "
+                        "default; figures measured before 2026-11-29 16:00 were measured so")
     existing = p.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", default=None,
                           help="keep the rows in --out and skip the runs they finished")

@@ -90,7 +90,10 @@ class BenchConfig:
     ``"alone"`` times each run's steps in its own worker; ``"rounds"`` (the sweep) measures
     memory in a worker per run (one timed step) and times the strategies of each model and
     batch in one worker, one step of each in turn (:meth:`rounds_spec`), so their ratios do
-    not carry the speed differences between processes.
+    not carry the speed differences between processes. ``allocator``: ``"reserved"``,
+    every worker gives the emulated accelerator's allocator one region at the start, as a
+    GPU's has by default (:func:`ome.host.reserve_device_memory`); ``"growing"``, regions
+    of 2 MiB doubling, as the CPU's allocator grows by itself (``--growing-allocator``).
     """
 
     mode: str
@@ -111,12 +114,13 @@ class BenchConfig:
     notes: Tuple[str, ...] = ()
     profile: bool = False
     timing: str = "alone"
+    allocator: str = "reserved"
 
     def settings(self):
         """What results resumed into this run must have been measured with."""
         return {"format": RESULTS_FORMAT, "mode": self.mode, "image_size": self.image_size,
                 "steps": self.steps, "warmup": self.warmup, "budget_bytes": self.budget,
-                "profile": self.profile, "timing": self.timing}
+                "profile": self.profile, "timing": self.timing, "allocator": self.allocator}
 
     def runs(self):
         """Every (model, strategy, batch) asked for: by model, then batch, then strategy."""
@@ -129,14 +133,15 @@ class BenchConfig:
                        image_size=self.image_sizes[key.model],
                        steps=1 if self.timing == "rounds" else self.steps,
                        warmup=self.warmup, budget=self.budget, measure_lock=measure_lock,
-                       profile=self.profile, timed=self.timing != "rounds")
+                       profile=self.profile, timed=self.timing != "rounds",
+                       reserve=self.allocator == "reserved")
 
     def rounds_spec(self, key, measure_lock=None):
         """The worker spec timing the strategies of :class:`RoundsKey` ``key`` in rounds."""
         return RoundsSpec(model=key.model, strategies=key.strategies,
                           batch_size=key.batch_size, image_size=self.image_sizes[key.model],
                           steps=self.steps, warmup=self.warmup, measure_lock=measure_lock,
-                          profile=self.profile)
+                          profile=self.profile, reserve=self.allocator == "reserved")
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -174,7 +179,8 @@ def from_args(args, mode, *, out=None, batch_sizes=None, jobs=None, models=None,
         timeout=args.timeout or preset.timeout, jobs=args.jobs or jobs or preset.jobs,
         batch_cap=args.batch_cap or MAX_BATCH_CAP,
         existing="resume" if args.resume else "overwrite" if args.overwrite else "refuse",
-        notes=tuple(notes), profile=profile, timing=timing)
+        notes=tuple(notes), profile=profile, timing=timing,
+        allocator="growing" if args.growing_allocator else "reserved")
 
 
 def check_models(args, default):

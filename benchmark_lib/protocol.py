@@ -30,7 +30,9 @@ class RunSpec:
     (``ome.profile``) and gives the cost model to strategies that take one, and the row
     carries the plan's predictions. ``timed`` False: the step times are not used (the
     sweep's rounds time the steps), so the steps run holding the lock shared, beside other
-    workers' building and memory runs, and only the rounds wait for them.
+    workers' building and memory runs, and only the rounds wait for them. ``reserve``:
+    the worker gives the emulated accelerator's allocator one region at the start
+    (:func:`ome.host.reserve_device_memory`); False lets it grow.
     """
 
     model: str
@@ -43,6 +45,7 @@ class RunSpec:
     measure_lock: Optional[str] = None
     profile: bool = False
     timed: bool = True
+    reserve: bool = True
     task: str = "run"
 
 
@@ -68,7 +71,7 @@ class RoundsSpec:
     its step seconds' ``(q1, median, q3)``, ``times`` to those seconds round by round
     (every list as long as the others), ``predicted`` to its plan's predicted added
     seconds (with ``profile``, where the plan has one); ``failed`` maps a strategy that
-    could not be built or run to why.
+    could not be built or run to why. ``reserve`` as in :class:`RunSpec`.
     """
 
     model: str
@@ -80,6 +83,7 @@ class RoundsSpec:
     measure_lock: Optional[str] = None
     profile: bool = False
     budgets: Tuple[int, ...] = ()
+    reserve: bool = True
     task: str = "rounds"
 
 

@@ -316,6 +316,8 @@ def main(argv=None):
         host.emulate_host()  # before any TF op or session in this process
         import tensorflow as tf
         tf.compat.v1.disable_eager_execution()
+        if not isinstance(spec, protocol.ParamsSpec) and spec.reserve:
+            host.reserve_device_memory()  # one region, as a GPU's allocator has by default
         if isinstance(spec, protocol.ParamsSpec):
             result = {"param_bytes": _param_bytes(spec)}
         elif isinstance(spec, protocol.RoundsSpec):

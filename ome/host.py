@@ -15,11 +15,13 @@ seeing one CPU (sessions do not initialise the runtime, so this cannot be detect
 create sessions afterwards.
 """
 import logging
+import os
 import statistics
 import time
 
 import tensorflow as tf
 
+from ome import sizes
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ __all__ = [
     "measure_bandwidth",
     "measure_overlap",
     "needs_real_copy",
+    "reserve_device_memory",
     "session_config",
     "validate_host_device",
 ]
@@ -151,6 +154,70 @@ def emulate_host():
         ) from err
     logger.info("Emulating a host: /device:CPU:0 is the accelerator, /device:CPU:1 the host")
     return "/device:CPU:1"
+
+
+def reserve_device_memory(nbytes=None):
+    """Give the emulated accelerator's allocator one region of ``nbytes`` at the start, as a
+    GPU's allocator has by default. Returns the bytes reserved (0 when a GPU is visible).
+
+    TensorFlow's BFC allocator hands a free chunk out whole unless it is at least twice
+    the request, and chunks never merge across its regions. Growing (the CPU's allocator;
+    a GPU's with memory growth on), it adds regions of 2 MiB, doubling, so a request
+    often gets a whole region or a hole of up to twice its size, and a measured device
+    peak then holds bytes that depend on everything the process allocated before. On a
+    GPU, TensorFlow maps nearly all of the memory into one region at start unless memory
+    growth is on; this does the same for the emulated accelerator. ResNet-34's LMS step
+    (batch 8, 64x64) peaked at 246.3 MiB, 32.5 of it beyond what its tensors asked;
+    after the reservation at 216.9 MiB, 3.8 beyond (docs/RESULTS.md, 2026-11-29).
+
+    ``nbytes``: bytes or a size like ``"8GiB"`` (:func:`ome.sizes.parse_bytes`); default
+    half the machine's memory. The region is address space until
+    tensors use it (an uninitialised tensor makes it, and no page is touched), and it
+    stays for the process's life: the allocator returns no region. Call it once, after
+    :func:`emulate_host` and before the steps to measure; it runs a session, which
+    initialises TensorFlow's runtime. Needs the BFC allocator on the CPU
+    (``TF_CPU_ALLOCATOR_USE_BFC=1`` before TensorFlow is imported).
+
+    Raises
+    ------
+    BudgetError
+        ``nbytes`` is not a positive size.
+    DeviceError
+        The CPU's allocator keeps no statistics or did not make the region (not BFC).
+    """
+    if _gpu_visible():
+        logger.info("A GPU is visible: its allocator reserves the device's memory itself")
+        return 0
+    nbytes = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 if nbytes is None
+              else sizes.parse_bytes(nbytes, what="nbytes"))
+    row = 4096  # Empty takes an int32 shape: the region in rows of 4 KiB
+    rows = -(-nbytes // row)
+    device = accelerator_device()
+    name = device.split("device:")[-1]
+    try:
+        tf.config.experimental.reset_memory_stats(name)
+    except ValueError as err:
+        raise DeviceError(
+            f"TensorFlow keeps no memory statistics for {name} ({err}), so its allocator "
+            f"is not BFC and has no region to reserve: set TF_CPU_ALLOCATOR_USE_BFC=1 "
+            f"before importing TensorFlow.") from err
+    with tf.Graph().as_default():
+        count = tf.compat.v1.placeholder(tf.int32, [])  # fed, so Grappler cannot fold it
+        with tf.device(device):
+            region = tf.raw_ops.Empty(shape=tf.stack([count, row // 4]), dtype=tf.float32,
+                                      init=False)
+            first = region[:1]
+        with tf.compat.v1.Session(config=session_config()) as session:
+            session.run(first, {count: rows})
+    peak = tf.config.experimental.get_memory_info(name)["peak"]
+    tf.config.experimental.reset_memory_stats(name)
+    if peak < rows * row:
+        raise DeviceError(
+            f"the allocator of {name} peaked at {peak} bytes while a {rows * row}-byte "
+            f"tensor was allocated: it is not TensorFlow's BFC allocator; set "
+            f"TF_CPU_ALLOCATOR_USE_BFC=1 before importing TensorFlow.")
+    logger.info("Reserved %.1f GiB for the emulated accelerator's allocator", rows * row / 2**30)
+    return rows * row
 
 
 def accelerator_device():

@@ -18,6 +18,19 @@ def test_a_chunk_under_twice_the_request_is_handed_out_whole():
     assert allocator.in_use - allocator.requested == 14 * MiB + 256 - 100
 
 
+def test_a_reserved_region_splits_what_growing_regions_hand_out_whole():
+    growing, reserved = BestFitAllocator(), BestFitAllocator(reserved=1 << 30)
+    assert growing.allocate(37 * MiB).size == 64 * MiB  # a region of its own, whole
+    assert reserved.allocate(100).size == 256  # the first region takes the small requests
+    big = reserved.allocate(37 * MiB)
+    assert big.size == 37 * MiB  # split from the 1 GiB region
+    scratch = reserved.allocate(22 * MiB + 512 * 1024)
+    assert scratch.start == big.start + big.size  # the next bytes of the same region
+    reserved.release(big)
+    # 37 MiB free before the scratch: the smallest chunk that fits 30 MiB, under twice it
+    assert reserved.allocate(30 * MiB).size == 37 * MiB
+
+
 def test_freed_neighbours_merge_and_the_smallest_fitting_chunk_is_taken():
     allocator = BestFitAllocator()
     a, b, c = (allocator.allocate(MiB // 2) for _ in range(3))  # one 2 MiB region

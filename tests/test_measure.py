@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from ome import host
 from ome.errors import (
+    BudgetError,
     DeviceError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -411,6 +412,29 @@ def test_a_session_config_drops_the_second_cpu_unless_passed_through_session_con
 
 
 @needs_no_gpu
+def test_reserve_device_memory_refuses_a_size_that_is_not_one():
+    for bad in (0, -1, "lots", 1.5e-3):
+        with pytest.raises(BudgetError, match="nbytes"):
+            host.reserve_device_memory(bad)
+
+
+def test_reserve_device_memory_without_the_bfc_allocator_names_the_fix():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+    code = textwrap.dedent("""
+        import tensorflow as tf
+        from ome import host
+        from ome.errors import DeviceError
+        tf.compat.v1.disable_eager_execution()
+        try:
+            host.reserve_device_memory("64MiB")
+        except DeviceError as err:
+            print(err)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**env, "TF_ENABLE_ONEDNN_OPTS": "0"}, timeout=120)
+    assert "set TF_CPU_ALLOCATOR_USE_BFC=1" in result.stdout, result.stderr[-2000:]
+
+
 def test_measure_bandwidth():
     bandwidth = host.measure_bandwidth(CPU1, 8 * MiB)
     assert 1e8 < bandwidth < 1e12  # a memcpy: between 0.1 GB/s and 1 TB/s
@@ -447,6 +471,23 @@ _FRESH_PROCESS = textwrap.dedent(
     """
 )
 
+_ONE_TENSOR = """
+MiB = 1 << 20
+tf.compat.v1.disable_eager_execution()
+host.emulate_host()
+
+
+def peak_of_one_tensor():
+    with tf.Graph().as_default():
+        value = tf.compat.v1.placeholder(tf.float32, [])
+        with tf.device("/device:CPU:0"):
+            total = tf.reduce_sum(tf.fill([5 * MiB], value))  # 20 MiB
+        with tf.compat.v1.Session(config=host.session_config()) as session:
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            session.run(total, {value: 1.0})
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"]
+"""
+
 _FRESH_BODIES = {
     # mem_used is process-wide: in the test process a thread left by an earlier test
     # (a tf.data prefetch, say) can allocate between the two measurements.
@@ -480,6 +521,16 @@ assert host.emulate_host() == "/device:CPU:1"
 assert host.emulate_host() == "/device:CPU:1"
 assert host.default_host_device() == "/device:CPU:1"
 assert len(tf.config.list_logical_devices("CPU")) == 2
+""",
+    # One 20 MiB tensor in a fresh allocator: growing from 2 MiB, the allocator adds a
+    # region of 32 MiB and hands it out whole (32 MiB is less than twice 20); from a
+    # reserved region the tensor gets a chunk of its own size.
+    "growing_allocator": _ONE_TENSOR + """
+assert peak_of_one_tensor() >= 32 * MiB
+""",
+    "reserved_region": _ONE_TENSOR + """
+assert host.reserve_device_memory("1GiB") == 1 << 30
+assert 20 * MiB <= peak_of_one_tensor() <= 21 * MiB
 """,
     "too_late": """
 tf.constant(1.0) + 1.0  # initialises the runtime with one CPU

@@ -27,7 +27,7 @@ MODULES = (
 #: Arguments of the modes that measure runs in workers (the sweep and --max-batch).
 MEASURING_OPTIONS = frozenset({"models", "model", "strategies", "batch_size", "image_size",
                                "steps", "warmup", "budget", "out", "preset", "timeout",
-                               "resume", "overwrite"})
+                               "resume", "overwrite", "growing_allocator"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -395,5 +395,5 @@ MODE = Mode(name="frontier", flag="--frontier",
                  "budgets from 0.55 to 0.95 of plain backprop's peak (--fractions), measured "
                  "and predicted (writes results/frontier/)",
             options=frozenset({"models", "model", "strategies", "batch_size", "image_size",
-                               "steps", "warmup", "out", "timeout", "fractions"}),
+                               "steps", "warmup", "out", "timeout", "fractions", "growing_allocator"}),
             prepare=prepare, run=run)

@@ -143,5 +143,5 @@ MODE = Mode(name="interleaved", flag="--interleaved",
                  "process, repeated --processes times; prints each repetition, the medians "
                  "and which strategy needed less memory in how many repetitions",
             options=frozenset({"models", "model", "strategies", "batch_size", "image_size",
-                               "steps", "warmup", "timeout", "processes"}),
+                               "steps", "warmup", "timeout", "processes", "growing_allocator"}),
             prepare=prepare, run=run)

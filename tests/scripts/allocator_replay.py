@@ -4,18 +4,23 @@
 
 Why a measured device peak holds more than its tensors ask for, and what would change it.
 In a fresh process (swap emulation on; a strategy that takes a cost model gets one
-profiled in a child process first, so this process's allocator has no other history), the
+profiled in a child process first, so this process's allocator has no other history; the
+test setup reserves the accelerator's region, :func:`ome.host.reserve_device_memory`), the
 strategy's training step is built, its variables initialised and ``--steps`` steps run,
 all under TensorFlow's profiler, whose records carry every chunk the BFC allocator handed
 out (bytes asked, chunk given, address). :class:`BestFitAllocator` then replays the same
 requests and frees in the same order:
 
-- with TensorFlow's rules, it should hand out the chunk sizes the records show (the line
-  "chunk sizes as recorded") and reach the same device peak: then the waste is decided by
-  the sequence of requests alone, nothing the allocator draws at random;
-- with the host's chunks in an allocator of their own (on a GPU the host's memory is not
+- with TensorFlow's rules and the reserved region, it should hand out the chunk sizes the
+  records show (the line "chunk sizes as recorded") and reach the same device peak: then
+  the waste is decided by the sequence of requests alone, nothing the allocator draws at
+  random;
+- growing from regions of 2 MiB, doubling, as TensorFlow's CPU allocator does by itself
+  (and a GPU's with memory growth on), which the benchmark measures with
+  ``--growing-allocator``;
+- growing, with the host's chunks in an allocator of their own (on a GPU the host's memory is not
   the device's, while the emulation shares one allocator);
-- splitting any chunk whose excess over the request reaches each ``--split-above`` MiB
+- growing, splitting any chunk whose excess over the request reaches each ``--split-above`` MiB
   (TensorFlow splits only at twice the request or 128 MiB beyond it; on a GPU,
   ``ConfigProto.gpu_options.experimental.internal_fragmentation_fraction`` times the
   device's memory sets that threshold; the CPU allocator has no such option).
@@ -58,21 +63,32 @@ class BestFitAllocator:
     free neighbours in its region; when nothing fits, a new region of the current region
     size (doubled until it holds the request; doubled again after a region that needed no
     doubling) is added. ``in_use`` counts chunk bytes, ``requested`` the bytes asked.
+    ``reserved``: the allocator starts with the first region and one that held a tensor of
+    ``reserved`` bytes (:func:`ome.host.reserve_device_memory`).
 
     >>> a = BestFitAllocator()
     >>> first, second = a.allocate(1 * MiB), a.allocate(1 * MiB)
     >>> a.release(first); a.release(second)   # merged back into the 2 MiB region
     >>> a.allocate(1536 * 1024).size == 2 * MiB  # 2 MiB < twice 1.5 MiB: handed out whole
     True
+    >>> reserved = BestFitAllocator(reserved=1 << 30)
+    >>> _ = reserved.allocate(1024)  # the first region takes the small requests
+    >>> reserved.allocate(20 * MiB).size == 20 * MiB  # split from the reserved region
+    True
+    >>> BestFitAllocator().allocate(20 * MiB).size == 32 * MiB  # a new region, whole
+    True
     """
 
-    def __init__(self, split_above=DEFAULT_SPLIT_ABOVE):
+    def __init__(self, split_above=DEFAULT_SPLIT_ABOVE, reserved=0):
         self.split_above = split_above
         self.region_size = FIRST_REGION
         self._next_region = 0
         self._free = []  # (size, start) of the free chunks, sorted
         self._chunks = {}  # start -> chunk
         self.in_use = self.requested = 0
+        if reserved:  # as ome.host.reserve_device_memory leaves it after the first session
+            self._add_region(MIN_ALLOCATION)
+            self._add_region(reserved)
 
     def allocate(self, nbytes):
         rounded = max(MIN_ALLOCATION, -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION)
@@ -127,12 +143,14 @@ class BestFitAllocator:
 Replay = collections.namedtuple("Replay", "device_peak requested_at_peak as_recorded allocations")
 
 
-def replay(events, host_ops, *, host_apart=False, split_above=DEFAULT_SPLIT_ABOVE):
+def replay(events, host_ops, *, host_apart=False, split_above=DEFAULT_SPLIT_ABOVE, reserved=0):
     """Replay ``events`` (:data:`ome.tfprivate.AllocatorEvent` tuples of one allocator, in
     time order): the device peak (chunk bytes, host chunks left out), the bytes asked at
     it, and how many allocations got the chunk size the records show. ``host_apart``: the
-    chunks of ``host_ops`` come from an allocator of their own."""
-    device = BestFitAllocator(split_above)
+    chunks of ``host_ops`` come from an allocator of their own (growing, as a GPU
+    machine's pinned host memory does); ``reserved``: the device's allocator starts with
+    a region of that many bytes (:class:`BestFitAllocator`)."""
+    device = BestFitAllocator(split_above, reserved)
     host = BestFitAllocator(split_above) if host_apart else device
     live = {}  # address -> (its allocator, its chunk, whether it is the host's)
     shared_bytes = shared_requested = 0  # the host's chunks in the device's allocator
@@ -164,7 +182,7 @@ def replay(events, host_ops, *, host_apart=False, split_above=DEFAULT_SPLIT_ABOV
 def _record(args, costs_path):
     """The allocator events of this process from the step's variables' initialisation on,
     and the names of the ops on the emulated host."""
-    import tests.conftest  # noqa: F401  (the emulated host: two CPU devices)
+    import tests.conftest  # the emulated host (two CPU devices), the reserved region
     import tensorflow as tf
 
     import baselines
@@ -202,7 +220,8 @@ def _record(args, costs_path):
     host_ops = measure.ops_sharing_allocator(metadata, "CPU:0")
     recorded = measure.shared_allocator_peaks(events, host_ops)
     name = collections.Counter(e.allocator for e in events).most_common(1)[0][0]
-    return [e for e in events if e.allocator == name], host_ops, recorded
+    return ([e for e in events if e.allocator == name], host_ops, recorded,
+            tests.conftest.RESERVED)
 
 
 def _profile(args, costs_path):
@@ -247,15 +266,18 @@ def main():
             costs_path = os.path.join(folder, "costs.json")
             subprocess.run([sys.executable, "-m", "tests.scripts.allocator_replay",
                             *sys.argv[1:], "--profile-into", costs_path], check=True)
-        events, host_ops, recorded = _record(args, costs_path)
+        events, host_ops, recorded, reserved = _record(args, costs_path)
     print(f"{args.model}, {args.strategy}, batch {args.batch_size}, {args.image_size}x"
           f"{args.image_size}: {len(events)} allocator events over initialisation and "
           f"{args.steps} steps")
     print(f"recorded: device peak {recorded.device_peak / MiB:.1f} MiB, of it chunk waste "
           f"{recorded.device_chunk_waste / MiB:.1f} MiB")
-    trials = [("replayed, TensorFlow's rules", {}),
-              ("replayed, the host's chunks in an allocator of their own", {"host_apart": True})]
-    trials += [(f"replayed, chunks split at {mib} MiB of excess",
+    trials = [(f"replayed, TensorFlow's rules, the {reserved / 2**30:.1f} GiB reserved",
+               {"reserved": reserved}),
+              ("replayed, growing from 2 MiB (--growing-allocator)", {}),
+              ("replayed, growing, the host's chunks in an allocator of their own",
+               {"host_apart": True})]
+    trials += [(f"replayed, growing, chunks split at {mib} MiB of excess",
                 {"split_above": int(float(mib) * MiB)}) for mib in args.split_above.split(",")]
     for label, options in trials:
         result = replay(events, host_ops, **options)

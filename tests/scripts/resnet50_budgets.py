@@ -20,6 +20,7 @@ import ome  # noqa: E402
 from ome.measure import measure  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
+ome.host.reserve_device_memory()  # one region, as a GPU's allocator has by default
 SHAPE = dict(name="resnet50", batch_size=16, image_size=112, num_classes=10)
 
 with tf.Graph().as_default():

@@ -75,6 +75,7 @@ def one_process(name, batch, size, checkpoints):
     host.emulate_host()  # before TensorFlow's runtime starts
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
+    host.reserve_device_memory()  # one region, as a GPU's allocator has by default
     costs = _costs(name, batch, size)
     return {"recompute": _measured(name, batch, size, checkpoints=checkpoints, cost_model=costs),
             "swap": _measured(name, batch, size, checkpoints=checkpoints, swap="auto",
