@@ -63,6 +63,11 @@ class CostModel:
     ``order_seconds``: what running the backward ops in the rewrite's enforced order adds
     to a step, nothing recomputed or swapped (``ome.profile_order`` times it:
     the executor can no longer run two ready kernels at once); 0 when not measured.
+    ``plain_peak_bytes``: the device's peak in the profiled plain steps, the most of them,
+    resident bytes included; a plan that changes nothing predicts it (the executor runs
+    plain backprop in its own order, two kernels at once, and its updates copy variables
+    into whatever chunks are free, none of which a replay knows). Needs
+    ``resident_bytes``.
     """
 
     bandwidth: float = 12e9
@@ -81,11 +86,16 @@ class CostModel:
     update_copies: Dict[str, int] = field(default_factory=dict)
     plain_resident_extra: int = 0
     order_seconds: float = 0.0
+    plain_peak_bytes: Optional[int] = None
 
     def __post_init__(self):
         if not 0.0 <= self.transfer_overlap <= 1.0:
             raise InvalidArgumentError(
                 f"transfer_overlap must be between 0 and 1, got {self.transfer_overlap!r}")
+        if self.plain_peak_bytes is not None and self.resident_bytes is None:
+            raise InvalidArgumentError(
+                "plain_peak_bytes needs resident_bytes: the profiled peak includes what stays "
+                "allocated between steps, which the prediction of a plain step takes off")
         if self.gradient_lifetime not in GRADIENT_LIFETIMES:
             raise InvalidArgumentError(
                 f"gradient_lifetime must be one of {GRADIENT_LIFETIMES}, got "
@@ -154,6 +164,8 @@ class CostModel:
         resident = "variables" if self.resident_bytes is None else \
             f"{self.resident_bytes / 2**20:.1f} MiB (+{self.plain_resident_extra / 2**20:.1f} " \
             "after a plain step)"
+        if self.plain_peak_bytes is not None:
+            resident += f", a plain step's peak {self.plain_peak_bytes / 2**20:.1f} MiB"
         return (f"CostModel({self.source}: {self.bandwidth / 1e9:.2f} GB/s host link "
                 f"({self.transfer_overlap:.0%} of a transfer beside compute), "
                 f"{len(self.op_seconds)} op times, {len(self.temporaries)} ops with scratch "

@@ -46,7 +46,8 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         ``op_seconds``, ``temporaries`` and ``temporaries_alone`` (scratch bytes by op
         name, beside other kernels and alone), ``resident_bytes``
         (allocated between steps, the least after any of them; ``plain_resident_extra``
-        the most less the least), ``output_bytes`` (the
+        the most less the least), ``plain_peak_bytes`` (the device's peak, the most of the
+        steps), ``output_bytes`` (the
         bytes each output asked for), ``chunk_overhead`` (the bytes the allocator gave
         the outputs over the bytes they asked for, each output's median of the steps)
         and ``bandwidth`` and ``transfer_overlap`` (with a host); ``source`` names the device.
@@ -64,8 +65,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     asked, given = {}, collections.defaultdict(list)
     updates = _gradient_updates(session.graph, fetches)
     delays = collections.defaultdict(list)
-    resident = []
+    resident, peaks = [], []
     for _ in range(steps):
+        _memory_stats(stats_device, reset=True)
         metadata = tf.compat.v1.RunMetadata()
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         _run(session, fetches, feed_dict, phase="profiled", options=options,
@@ -82,7 +84,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         # what stays allocated varies from step to step: an update that copies its variable
         # (a kernel beside it still reads the old value) may get a chunk up to twice its
         # size. A rewritten step runs its backward ops in order and copies nothing
-        resident.append(_memory_stats(stats_device)["current"])
+        stats = _memory_stats(stats_device)
+        resident.append(stats["current"])
+        peaks.append(stats["peak"])
     if not seconds:
         raise InvalidArgumentError(
             f"the traced step ran no op on {stats_device}; pass device= the step runs on")
@@ -105,6 +109,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         temporaries={node: most[node] for node in scratched},
         temporaries_alone={node: min(scratch[node]) for node in scratched},
         resident_bytes=min(resident), plain_resident_extra=max(resident) - min(resident),
+        plain_peak_bytes=max(peaks),
         output_bytes=asked,
         chunk_overhead=_chunk_overhead(asked, given),
         source=f"profiled on {stats_device}, median of {steps} traced steps", **extra)

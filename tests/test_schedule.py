@@ -415,6 +415,25 @@ def test_only_plain_backprop_leaves_its_updates_extra_resident_bytes():
                                                       plain_resident_extra=3 * MiB))
 
 
+def test_a_plain_step_predicts_its_profiled_peak_and_a_rewritten_one_its_replay():
+    """No replay knows the executor's own order for plain backprop; the profile measured
+    that step. A plan that changes anything is replayed as before."""
+    view = chain()
+    plain, recomputed = plan_of(view, {}), plan_of(view, {"b:0": Decision.RECOMPUTE})
+    model = CostModel(resident_bytes=10 * MiB, plain_resident_extra=3 * MiB,
+                      plain_peak_bytes=25 * MiB)
+    prediction = simulate.simulate(view, plain, model)
+    assert prediction.device_peak == 15 * MiB  # 25 MiB less the 10 the caller adds back
+    assert prediction.peak_at == "(the profiled step)"
+    assert simulate.simulate(view, plain).device_peak != 15 * MiB  # the replay differs
+    assert simulate.simulate(view, recomputed, model).device_peak == \
+        simulate.simulate(view, recomputed).device_peak
+    assert CostModel.from_json(model.to_json()) == model
+    assert "a plain step's peak 25.0 MiB" in str(model)
+    with pytest.raises(errors.InvalidArgumentError, match="plain_peak_bytes needs resident_bytes"):
+        CostModel(plain_peak_bytes=25 * MiB)
+
+
 def test_gradients_freed_by_their_updates_leave_the_peak():
     # Two 1 MiB weight gradients, one made while the other exists: held to the end of the
     # step, the first is live while the second is built; freed by its update at once, it

@@ -49,7 +49,10 @@ def comparison(rows):
     is free depends on the process's earlier allocations) and, for rewritten plans, the
     prediction's error against the peak less those bytes (plain backprop's prediction
     already counts the chunks its updates' copies got in the profiled steps). The
-    judgement is on the measured peak itself.
+    judgement is on the measured peak itself. Plain backprop's prediction is the peak its
+    profile measured (``CostModel.plain_peak_bytes``: no replay knows the executor's own
+    order), so its rows check that a profiled peak holds in a later session, not the
+    replay; the last line says so.
     """
     model_width = max([len("model")] + [len(row.model) for row in rows])
     strategy_width = max([len("strategy")] + [len(row.strategy) for row in rows])
@@ -84,6 +87,8 @@ def comparison(rows):
     if waste_judged:
         lines.append(f"{waste_judged - waste_misses} of {waste_judged} rewritten plans within "
                      f"{TOLERANCE:.0%} of the measured device peak less its chunk waste")
+    if any(row.strategy == PLAIN for row in rows):
+        lines.append(f"({PLAIN}: predicted is the peak of the plain step its profile measured)")
     return lines, misses
 
 
