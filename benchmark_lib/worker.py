@@ -181,8 +181,7 @@ def _strategy_gradients(strategy, made, **offered):
 def _profile(spec, lock):
     """The cost model of ``spec``'s plain training step (``ome.profile``), the enforced
     order's cost included (the step built again with ``ordered_backprop``, timed beside
-    it) and what that step leaves allocated (:func:`_with_ordered_resident`), measured
-    while holding ``lock`` alone, so no other worker runs meanwhile."""
+    it), measured while holding ``lock`` alone, so no other worker runs meanwhile."""
     import tensorflow as tf
     import models
     import ome
@@ -203,36 +202,10 @@ def _profile(spec, lock):
         costs = ome.profile(session, step.train_op, step.feed_dict,
                             host_device=host.default_host_device())
         # after the profile: the ordered session's variables are not the plain step's
-        device = host.accelerator_device()
-        held_before = _bytes_in_use(device)
         with session_of(ordered, ordered_graph) as ordered_session:
-            ordered_session.run(ordered.train_op, ordered.feed_dict)  # its slots are made
-            costs = _with_ordered_resident(costs, _bytes_in_use(device) - held_before)
             return ome.profile_order(
                 costs, (session, step.train_op, step.feed_dict),
                 (ordered_session, ordered.train_op, ordered.feed_dict))
-
-
-def _with_ordered_resident(costs, held):
-    """``costs`` whose ``resident_bytes`` are ``held``, what the step built with
-    ``ordered_backprop`` holds after its first step; plain backprop's prediction keeps
-    the most a plain step left (``plain_resident_extra`` is what it leaves beyond).
-
-    ``ome.profile`` measures what stays after plain steps, whose updates copy a variable
-    that a kernel beside them still reads, into a free chunk up to twice its size. A
-    rewritten step runs in the enforced order and copies nothing, and left 7-18 MiB less
-    (ResNet-50, batch 8, 64x64, one region reserved: 243-251 MiB after rewritten steps,
-    256-262 in their processes' profiles; docs/RESULTS.md, 2026-11-29).
-    """
-    most_after_plain = costs.resident_bytes + costs.plain_resident_extra
-    return dataclasses.replace(costs, resident_bytes=held,
-                               plain_resident_extra=max(0, most_after_plain - held))
-
-
-def _bytes_in_use(device):
-    """The bytes ``device``'s allocator holds now."""
-    import tensorflow as tf
-    return tf.config.experimental.get_memory_info(device.split("device:")[-1])["current"]
 
 
 def _rounds(spec, lock):

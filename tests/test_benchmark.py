@@ -998,20 +998,6 @@ def test_end_to_end_run_then_refused_then_resumed(tmp_path):
         assert list(csv.DictReader(f)) == rows
 
 
-def test_rewritten_steps_are_planned_with_what_the_ordered_step_leaves_allocated():
-    """What a plain step leaves allocated includes variables its updates copied into chunks
-    up to twice their size; the ordered step (the rewrite's order, nothing recomputed)
-    copies nothing. Plain backprop's prediction still adds the most a plain step left."""
-    from benchmark_lib.worker import _with_ordered_resident
-    from ome.costs import CostModel
-
-    costs = CostModel(resident_bytes=100 * MiB, plain_resident_extra=10 * MiB)
-    less = _with_ordered_resident(costs, 90 * MiB)
-    assert (less.resident_bytes, less.plain_resident_extra) == (90 * MiB, 20 * MiB)
-    more = _with_ordered_resident(costs, 120 * MiB)
-    assert (more.resident_bytes, more.plain_resident_extra) == (120 * MiB, 0)
-
-
 def test_a_profiled_run_carries_the_plans_prediction():
     """``--simulator-check`` and ``--frontier`` runs: the worker profiles the plain step and
     the strategy plans with it (measured sizes and gradient lifetimes included); the
