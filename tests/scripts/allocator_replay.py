@@ -15,6 +15,9 @@ requests and frees in the same order:
   records show (the line "chunk sizes as recorded") and reach the same device peak: then
   the waste is decided by the sequence of requests alone, nothing the allocator draws at
   random;
+- reserved, with the host's chunks in an allocator of their own, as on a GPU machine,
+  where the host's memory is not the device's (the emulation shares one allocator, and
+  the host's copies sit between the device's tensors in its region);
 - growing from regions of 2 MiB, doubling, as TensorFlow's CPU allocator does by itself
   (and a GPU's with memory growth on), which the benchmark measures with
   ``--growing-allocator``;
@@ -274,6 +277,8 @@ def main():
           f"{recorded.device_chunk_waste / MiB:.1f} MiB")
     trials = [(f"replayed, TensorFlow's rules, the {reserved / 2**30:.1f} GiB reserved",
                {"reserved": reserved}),
+              ("replayed, reserved, the host's chunks in an allocator of their own",
+               {"reserved": reserved, "host_apart": True}),
               ("replayed, growing from 2 MiB (--growing-allocator)", {}),
               ("replayed, growing, the host's chunks in an allocator of their own",
                {"host_apart": True})]
