@@ -293,7 +293,11 @@ def _initializer(new_variables, optimizer, trainable):
     initializer run keeps for the session's life; the slot's first update finds its buffer
     shared with it and copies it, so every slot would hold its bytes twice between steps
     (``python -m benchmark_lib.resident_memory``). A fill whose value is a placeholder with
-    a default is not folded, so the slot adopts the buffer the fill allocates.
+    a default is not folded. Grappler still merges the fills of slots of one shape, so
+    each slot then adds that zero to itself: the update finds its buffer shared and
+    copies it, now, instead of in the first training step, where the copy would land in
+    whatever hole that step's plan left and the bytes held between steps would depend on
+    the plan.
     """
     slots = {id(optimizer.get_slot(v, name)) for v in trainable
              for name in optimizer.get_slot_names()}
@@ -302,7 +306,10 @@ def _initializer(new_variables, optimizer, trainable):
         if id(variable) in slots:
             zero = tf.compat.v1.placeholder_with_default(
                 tf.constant(0, variable.dtype.base_dtype), [])
-            ops.append(variable.assign(tf.fill(variable.shape, zero), read_value=False))
+            zeros = tf.fill(variable.shape, zero)
+            assigned = variable.assign(zeros, read_value=False)
+            with tf.control_dependencies([assigned]):
+                ops.append(variable.assign_add(zeros, read_value=False))
         else:
             ops.append(variable.initializer)
     return tf.group(*ops, name="init")

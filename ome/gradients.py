@@ -523,8 +523,8 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
 def _apply(chosen, view, graph, scope):
     if chosen.changes_nothing():
         return rewrite.RewriteInfo()
-    real_copy = bool(chosen.swapped) and host.needs_real_copy(chosen.host_device)
-    return rewrite.apply(chosen, view, graph, real_copy=real_copy, scope=scope + "/ome")
+    emulated = bool(chosen.swapped) and host.is_emulated(chosen.host_device)
+    return rewrite.apply(chosen, view, graph, emulated=emulated, scope=scope + "/ome")
 
 
 def ordered_backprop(ys, xs, *, name="gradients"):

@@ -4,9 +4,13 @@ On a machine with a GPU the accelerator is ``/device:GPU:0`` and the host is
 ``/device:CPU:0``; an identity placed on the host makes TensorFlow insert the
 device-to-host copy. Without a GPU, swapping is *emulated*: the CPU is split into two
 logical devices, ``/device:CPU:0`` plays the accelerator and ``/device:CPU:1`` the host.
-Both share one allocator, and a tensor passed between them keeps its buffer, so the host
-copy must be a real copy (``tf.raw_ops.DeepCopy`` placed on the host), and so must the copy
-back (a ``DeepCopy`` on the accelerator, which holds its own copy as a GPU would).
+Both devices draw from TensorFlow's one CPU allocator, and a tensor passed between them
+keeps its buffer. So the host copy is a numpy copy made by a ``numpy_function`` on the host
+device: its buffer is numpy's, outside TensorFlow's allocator, as a GPU machine's pinned
+host memory is outside the GPU's (a ``DeepCopy`` there would take chunks of the device's
+own allocator and leave holes among its tensors). :func:`emulated_host_bytes` counts what
+those copies hold. The copy back is a ``DeepCopy`` on the accelerator, which holds its own
+copy as a GPU would.
 
 Logical devices must be configured before TensorFlow initialises its runtime: call
 :func:`emulate_host` before any eager op, ``tf.config.list_logical_devices()`` or
@@ -17,8 +21,11 @@ create sessions afterwards.
 import logging
 import os
 import statistics
+import threading
 import time
+import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from ome import sizes
@@ -29,13 +36,16 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "accelerator_device",
     "canonical_device",
-    "copy_to",
+    "copy_to_device",
+    "copy_to_host",
     "default_host_device",
     "emulate_host",
+    "emulated_host_bytes",
     "measure_bandwidth",
     "measure_overlap",
-    "needs_real_copy",
+    "is_emulated",
     "reserve_device_memory",
+    "reset_emulated_host_peak",
     "session_config",
     "validate_host_device",
 ]
@@ -300,24 +310,92 @@ def session_config(config=None):
     return result
 
 
-def needs_real_copy(host_device):
-    """Whether a swap to ``host_device`` needs ``tf.raw_ops.DeepCopy`` rather than an identity.
+def is_emulated(host_device):
+    """Whether swapping to ``host_device`` is emulated: host and accelerator both CPU devices.
 
-    True when host and accelerator are both CPU devices (emulation: an identity across
-    logical CPUs shares the buffer and frees nothing). False on a GPU, where an identity
-    placed on the host makes TensorFlow insert the device-to-host copy.
+    Then the host's copy is a numpy copy outside TensorFlow's allocator and the copy back a
+    ``DeepCopy`` (an identity across logical CPUs shares the buffer and frees nothing). On
+    a GPU, identities placed on each side make TensorFlow insert the transfers.
     """
     host_type = canonical_device(host_device, argument="host_device").split(":")[1]
     accelerator_type = accelerator_device().split(":")[1]
     return host_type == "CPU" and accelerator_type == "CPU"
 
 
-def copy_to(tensor, device, *, real_copy, name=None):
-    """``tensor`` on ``device``: a ``DeepCopy`` when ``real_copy`` (the two-CPU emulation,
-    where an identity would share the buffer), else an identity, for which TensorFlow
-    inserts the transfer between devices."""
+#: Start addresses of the emulated host's copies are multiples of this, so TensorFlow
+#: takes numpy's buffer as the tensor's instead of copying it into its own allocator.
+_ALIGNMENT = 64
+
+
+class _EmulatedHostMemory:
+    """The bytes the emulated host's copies hold now, and the most they held since reset.
+
+    A copy is released when TensorFlow lets go of its tensor, which happens lazily: numpy
+    buffers are dereferenced at the next Python call from TensorFlow (the next copy) or at
+    the end of ``Session.run``, so the figures may count a copy a little longer than it is
+    used.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.live = self.peak = 0
+
+    def copy(self, array):
+        """An aligned copy of ``array`` whose buffer numpy owns and this object counts."""
+        if array.dtype.hasobject:  # strings: TensorFlow copies them into its own tensor
+            return array.copy()
+        raw = np.empty(array.nbytes + _ALIGNMENT, np.uint8)
+        start = -raw.ctypes.data % _ALIGNMENT
+        copied = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+        np.copyto(copied, array)
+        with self._lock:
+            self.live += array.nbytes
+            self.peak = max(self.peak, self.live)
+        weakref.finalize(raw, self._release, array.nbytes)
+        return copied
+
+    def _release(self, nbytes):
+        with self._lock:
+            self.live -= nbytes
+
+    def reset_peak(self):
+        with self._lock:
+            self.peak = self.live
+
+
+_EMULATED_HOST = _EmulatedHostMemory()
+
+
+def emulated_host_bytes():
+    """``(live, peak)``: bytes the emulated host's copies hold now, and the most they held
+    since :func:`reset_emulated_host_peak` (both 0 when nothing was swapped)."""
+    with _EMULATED_HOST._lock:
+        return _EMULATED_HOST.live, _EMULATED_HOST.peak
+
+
+def reset_emulated_host_peak():
+    """Start the emulated host's peak again from the bytes its copies hold now."""
+    _EMULATED_HOST.reset_peak()
+
+
+def copy_to_host(tensor, host_device, *, emulated, name=None):
+    """``tensor`` copied to ``host_device``: an identity placed there on a GPU machine
+    (TensorFlow inserts the device-to-host copy); under emulation a numpy copy outside
+    TensorFlow's allocator (see the module's docstring)."""
+    with tf.device(host_device):
+        if not emulated:
+            return tf.identity(tensor, name=name)
+        on_host = tf.numpy_function(_EMULATED_HOST.copy, [tensor], tensor.dtype,
+                                    stateful=True, name=name)
+        on_host.set_shape(tensor.shape)
+        return on_host
+
+
+def copy_to_device(tensor, device, *, emulated, name=None):
+    """``tensor`` on ``device``: a ``DeepCopy`` under emulation (an identity would share the
+    buffer), else an identity, for which TensorFlow inserts the transfer."""
     with tf.device(device):
-        if real_copy:
+        if emulated:
             return tf.raw_ops.DeepCopy(x=tensor, name=name)
         return tf.identity(tensor, name=name)
 
@@ -336,16 +414,16 @@ def _link_arguments(host_device, nbytes, repeats):
 
 def _round_trip(host, nbytes):
     """In the default graph: an ``nbytes`` float32 variable on the accelerator, and the op
-    copying it to ``host`` and back (``DeepCopy`` under emulation, an identity on a GPU).
-    Returns ``(initializer, round trip op)``."""
+    copying it to ``host`` and back (as a swap does: :func:`copy_to_host`,
+    :func:`copy_to_device`). Returns ``(initializer, round trip op)``."""
     accelerator = accelerator_device()
-    real_copy = needs_real_copy(host)
+    emulated = is_emulated(host)
     with tf.device(accelerator):
         source = tf.compat.v1.Variable(tf.ones([nbytes // 4], tf.float32),
                                        name="ome_link_source", use_resource=True)
         value = source.read_value()
-    on_host = copy_to(value, host, real_copy=real_copy)
-    return source.initializer, copy_to(on_host, accelerator, real_copy=real_copy).op
+    on_host = copy_to_host(value, host, emulated=emulated)
+    return source.initializer, copy_to_device(on_host, accelerator, emulated=emulated).op
 
 
 def _link_session(graph):

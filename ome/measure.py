@@ -4,10 +4,13 @@ Figures come from TensorFlow's own accounting, never from an estimate:
 
 - ``max_mem`` / ``mem_used`` come from ``tf.config.experimental.get_memory_info`` on the
   measured device (``'GPU:0'`` when a GPU is present, else ``'CPU:0'``). With two logical
-  CPUs (swap emulation) both share one allocator, so these figures cover both.
+  CPUs (swap emulation) both share one allocator, but ome's swaps keep the host's copies
+  outside it (numpy's buffers, :mod:`ome.host`), so these figures are the device's.
+- ``emulated_host_peak``: the most bytes those host copies held, as they count it.
 - ``per_device`` splits memory by device from one traced step: the allocation records in
   ``RunMetadata.step_stats`` are summed per device in time order.
-- ``shared`` (swap emulation, when the step places ops on the host; or asked for with
+- ``shared`` (swap emulation, when the host's ops allocate from the shared allocator, as a
+  ``DeepCopy`` placed on ``CPU:1`` does; or asked for with
   ``allocator_records=True``): the accelerator's and the host's exact peaks from the
   allocator's own records of profiled steps, each chunk attributed to the device of the op
   that allocated it, and the bytes of the device peak that are chunks beyond what their
@@ -32,7 +35,7 @@ import tensorflow as tf
 
 from ome import tfprivate
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError, OutOfMemoryError
-from ome.host import canonical_device
+from ome.host import canonical_device, emulated_host_bytes, reset_emulated_host_peak
 
 logger = logging.getLogger(__name__)
 
@@ -139,8 +142,10 @@ class Measurement:
     """What :func:`measure` found. Memory in bytes, times in seconds.
 
     ``per_device`` is ``None`` when the step was not traced; ``shared`` is ``None`` unless
-    the step was traced and put something on the host in swap emulation, or
-    :func:`measure` was asked for the allocator's records.
+    the step was traced and its host ops allocated from the device's allocator, or
+    :func:`measure` was asked for the allocator's records. ``emulated_host_peak`` is the
+    most bytes the emulated host's copies (:func:`ome.host.emulated_host_bytes`, outside
+    TensorFlow's allocator) held during the timed steps, ``None`` when they made none.
     """
 
     device: str
@@ -151,6 +156,7 @@ class Measurement:
     host_rss: int
     per_device: Optional[Mapping[str, DeviceMemory]] = dataclasses.field(default=None, hash=False)
     shared: Optional[SharedAllocatorPeaks] = None
+    emulated_host_peak: Optional[int] = None
 
     @property
     def memory_cost(self):
@@ -160,9 +166,9 @@ class Measurement:
     @property
     def device_memory_cost(self):
         """``device_peak - mem_used``: ``memory_cost`` on the accelerator alone. The same as
-        ``memory_cost`` on a GPU; in swap emulation ``max_mem`` also counts the host's
-        copies (one allocator serves both), which a step has freed again by its end, so
-        this is the figure to compare a swapping plan's by."""
+        ``memory_cost`` on a GPU and for ome's swaps; when host ops allocate from the
+        shared allocator (a ``DeepCopy`` on ``CPU:1``), ``max_mem`` also counts their
+        copies, so this is the figure to compare a swapping plan's by."""
         return self.device_peak - self.mem_used
 
     @property
@@ -176,7 +182,10 @@ class Measurement:
 
     @property
     def host_peak(self):
-        """The host's peak in bytes, or ``None`` when the step was not traced."""
+        """The host's peak in bytes: the emulated host's copies' when the step made any,
+        else from the traced records, ``None`` when the step was not traced."""
+        if self.emulated_host_peak is not None:
+            return self.emulated_host_peak
         if self.shared is not None and self.shared.host_peak:
             return self.shared.host_peak
         return device_peaks(self.per_device, max_mem=self.max_mem)[1]
@@ -297,6 +306,7 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         _run(session, fetches, feed_dict, phase="warm-up")
 
     peaks, times, current = [], [], 0
+    reset_emulated_host_peak()
     for _ in range(steps):
         _memory_stats(stats_device, reset=True)
         start = time.perf_counter()
@@ -305,6 +315,7 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         info = _memory_stats(stats_device)
         peaks.append(info["peak"])
         current = info["current"]
+    emulated_host_peak = emulated_host_bytes()[1] or None
 
     per_device = shared = None
     if trace:
@@ -327,6 +338,7 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
         host_rss=host_rss(),
         per_device=per_device,
         shared=shared,
+        emulated_host_peak=emulated_host_peak,
     )
     logger.debug("Measured %s", result)
     return result

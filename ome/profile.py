@@ -45,8 +45,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     CostModel
         ``op_seconds``, ``temporaries`` and ``temporaries_alone`` (scratch bytes by op
         name, beside other kernels and alone), ``resident_bytes``
-        (allocated between steps, the least after any of them; ``plain_resident_extra``
-        the most less the least), ``plain_peak_bytes`` (the device's peak, the most of the
+        (allocated between steps: the least of what was allocated before the profile's
+        first step and after each profiled step; ``plain_resident_extra`` the most less
+        the least), ``plain_peak_bytes`` (the device's peak, the most of the
         steps), ``output_bytes`` (the
         bytes each output asked for), ``chunk_overhead`` (the bytes the allocator gave
         the outputs over the bytes they asked for, each output's median of the steps)
@@ -59,13 +60,16 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
     """
     steps = _check_count("steps", steps, minimum=1)
     stats_device = _stats_device(device)
-    _memory_stats(stats_device)
+    # before any profiled step: a plain step's updates may copy a variable into a chunk up
+    # to twice its size, and those chunks stay; a rewritten step copies none, so it keeps
+    # what was allocated before plain steps ran (the least of all these)
+    resident = [_memory_stats(stats_device)["current"]]
     _run(session, fetches, feed_dict, phase="warm-up")
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(list)
     asked, given = {}, collections.defaultdict(list)
     updates = _gradient_updates(session.graph, fetches)
     delays = collections.defaultdict(list)
-    resident, peaks = [], []
+    peaks = []
     for _ in range(steps):
         _memory_stats(stats_device, reset=True)
         metadata = tf.compat.v1.RunMetadata()
@@ -81,9 +85,6 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         if updates is not None:
             for producer, delay in _update_delays(metadata, updates).items():
                 delays[producer].append(delay)
-        # what stays allocated varies from step to step: an update that copies its variable
-        # (a kernel beside it still reads the old value) may get a chunk up to twice its
-        # size. A rewritten step runs its backward ops in order and copies nothing
         stats = _memory_stats(stats_device)
         resident.append(stats["current"])
         peaks.append(stats["peak"])

@@ -68,17 +68,17 @@ def gradient_seeds(graph, grad_ys, scope):
     return seeds
 
 
-def swap_out(tensor, host_device, *, real_copy, name="swap_out"):
-    """A copy of ``tensor`` on ``host_device`` (:func:`ome.host.copy_to`)."""
-    out = host.copy_to(tensor, host_device, real_copy=real_copy, name=name)
+def swap_out(tensor, host_device, *, emulated, name="swap_out"):
+    """A copy of ``tensor`` on ``host_device`` (:func:`ome.host.copy_to_host`)."""
+    out = host.copy_to_host(tensor, host_device, emulated=emulated, name=name)
     tfprivate.protect_from_grappler(out.op)
     return out
 
 
-def swap_in(host_tensor, device, trigger_ops, *, real_copy, name="swap_in"):
+def swap_in(host_tensor, device, trigger_ops, *, emulated, name="swap_in"):
     """``host_tensor`` back on ``device``, not before ``trigger_ops`` ran. In the two-CPU
     emulation a ``DeepCopy``, so the device holds its own copy as it would on a GPU."""
-    back = host.copy_to(host_tensor, device, real_copy=real_copy, name=name)
+    back = host.copy_to_device(host_tensor, device, emulated=emulated, name=name)
     tfprivate.protect_from_grappler(back.op)
     if trigger_ops:
         tfprivate.add_control_inputs(back.op, trigger_ops)
@@ -115,7 +115,7 @@ def _lookup(graph, plan, view):
     return found
 
 
-def apply(plan, view, graph, *, real_copy=False, scope="ome"):
+def apply(plan, view, graph, *, emulated=False, scope="ome"):
     """Add ``plan.schedule`` to ``graph``, whose backward ``view`` was captured from.
 
     Returns a :class:`RewriteInfo`. Raises :class:`InvalidArgumentError` (graph
@@ -131,11 +131,11 @@ def apply(plan, view, graph, *, real_copy=False, scope="ome"):
         for s in sched.swaps:
             original = graph.get_tensor_by_name(s.tensor)
             with tf.name_scope("swap"):
-                out = swap_out(original, plan.host_device, real_copy=real_copy)
+                out = swap_out(original, plan.host_device, emulated=emulated)
                 swapped_out[s.tensor] = out.op
                 device = original.op.device or host.accelerator_device()
                 swapped_in[s.tensor] = swap_in(out, device, [ops[t] for t in s.triggers],
-                                                real_copy=real_copy)
+                                                emulated=emulated)
             info.swapped.append(s.tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
         copies = _copy_groups(graph, view, sched, ops, decisions, swapped_in)

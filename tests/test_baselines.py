@@ -215,11 +215,11 @@ def test_lms_lowers_device_memory_and_logs_like_lms(caplog):
         built, lms, _ = _measured(graphs.tanh_chain, "lms")
     before, after = vanilla.per_device[DEVICE].peak, lms.per_device[DEVICE].peak
     print(f"tanh chain, device peak: vanilla {before / MiB:.1f} MiB, lms {after / MiB:.1f} MiB; "
-          f"host peak {lms.per_device[HOST].peak / MiB:.1f} MiB; "
+          f"host peak {lms.host_peak / MiB:.1f} MiB; "
           f"{len(built.info['swapped'])} swapped")
     assert before >= 95 * MiB
     assert after <= 0.5 * before
-    assert lms.per_device[HOST].peak >= 50 * MiB
+    assert lms.host_peak >= 50 * MiB  # the emulated host's own copies, outside the allocator
     messages = [r.getMessage() for r in caplog.records if r.name == "baselines.lms"]
     print("\n".join(messages))
     assert messages[:3] == ["Editing model for LMS", "n_tensors: all tensors", "lb: 1"]

@@ -228,6 +228,20 @@ def test_training_steps_lower_the_loss(graph, name):
     assert final < 0.5 * first, (first, final)
 
 
+@pytest.mark.parametrize("optimizer, slots", [("momentum", 1), ("adam", 2)])
+def test_every_slot_has_its_own_buffer_after_the_initializer(graph, optimizer, slots):
+    # Grappler merges the zero fills of same-shaped slots: unless the initializer copies
+    # them apart, the first training step does, into whatever holes its plan left
+    # (models.train._initializer). ResNet-18 has many convolutions of one shape.
+    step = models.build_train_step("resnet18", 2, 32, num_classes=10, optimizer=optimizer)
+    weights = sum(v.shape.num_elements() * 4 for v in step.variables)
+    with tf.compat.v1.Session() as sess:
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        sess.run(step.init_op)
+        held = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
+    assert held >= (1 + slots) * weights, (held, weights)
+
+
 def test_adam_lowers_the_loss(graph):
     step = models.build_train_step("resnet18", 2, 32, num_classes=10, optimizer="adam",
                                    learning_rate=1e-3)
