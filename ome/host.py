@@ -358,6 +358,10 @@ class _EmulatedHostMemory:
         with self._lock:
             self.live -= nbytes
 
+    def figures(self):
+        with self._lock:
+            return self.live, self.peak
+
     def reset_peak(self):
         with self._lock:
             self.peak = self.live
@@ -369,8 +373,7 @@ _EMULATED_HOST = _EmulatedHostMemory()
 def emulated_host_bytes():
     """``(live, peak)``: bytes the emulated host's copies hold now, and the most they held
     since :func:`reset_emulated_host_peak` (both 0 when nothing was swapped)."""
-    with _EMULATED_HOST._lock:
-        return _EMULATED_HOST.live, _EMULATED_HOST.peak
+    return _EMULATED_HOST.figures()
 
 
 def reset_emulated_host_peak():
