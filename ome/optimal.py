@@ -35,6 +35,9 @@ DEFAULT_TIME_LIMIT = 3.0
 MAX_ROUNDS = 6
 # A plan whose simulated peak is within this share under the limit is tight enough.
 TIGHT = 0.005
+# When the program keeps everything and plain backprop's (profiled) peak is over the
+# limit, the next modelled limit is this share of the limit lower, doubling each time.
+KEEP_ALL_STEP = 0.05
 # Relative gap at which HiGHS may stop and call a solution optimal.
 MIP_GAP = 1e-3
 # More stages than this are merged (keeping the ends crossed by the fewest bytes).
@@ -848,10 +851,22 @@ class _Search:
         if self.plain().peak <= limit:
             return self.plain()
         target, bracket, previous = float(limit), _Bracket(float(limit)), None
+        kept_all = 0
         for round_ in range(MAX_ROUNDS):
             if round_ and self.remaining() <= 0:
                 break
             trial = self.solve(target)
+            if trial is not None and trial.peak > limit and trial.plan.changes_nothing():
+                # The program kept everything: plain backprop, whose simulated peak is
+                # the profiled step's (the executor's own order), not a replay whose
+                # error says how far to move; the modelled peak it reports is only
+                # under the target. Step down until the program changes something
+                # (ResNet-50 fell back to its smallest-peak plan here, 2026-11-29).
+                bracket.high = min(bracket.high, target)
+                target = max(target - KEEP_ALL_STEP * limit * 2 ** kept_all,
+                             (bracket.low + bracket.high) / 2)
+                kept_all += 1
+                continue
             if trial is not None and (limit * (1 - TIGHT) <= trial.peak <= limit
                                       or trial is previous):
                 break  # tight enough, or the program's answer stopped changing
