@@ -157,9 +157,9 @@ def test_a_limit_plain_backprop_fits_keeps_everything():
 def test_a_limit_just_below_the_profiled_plain_peak_gets_a_cheap_plan(monkeypatch):
     # With a profile, plain backprop predicts its profiled peak (the executor's own
     # order), here 10 MiB above the replay that every plan changing something gets. For a
-    # limit between them the program first answers "keep everything", and HiGHS reports
-    # its peak variable, which only has to stay under the target (ResNet-50: the target
-    # itself, 2026-11-29). The search must step down until something changes, not fall
+    # limit between them the program first answers "keep everything", with a modelled
+    # peak that only has to stay under the target (ResNet-50: the target itself, as its
+    # memory rows read auxiliary variables HiGHS leaves loose, 2026-11-29). The search must step down until something changes, not fall
     # back to the smallest-peak plan (ResNet-50 at a 660 MiB budget: 0.22 s a step
     # where a plan adding 0.0005 s fitted).
     solve = optimal._Problem.solve

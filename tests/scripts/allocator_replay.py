@@ -16,8 +16,10 @@ requests and frees in the same order:
   the waste is decided by the sequence of requests alone, nothing the allocator draws at
   random;
 - reserved, with the host's chunks in an allocator of their own, as on a GPU machine,
-  where the host's memory is not the device's (the emulation shares one allocator, and
-  the host's copies sit between the device's tensors in its region);
+  where the host's memory is not the device's: for records where the host's copies came
+  from the device's allocator (a ``DeepCopy`` on ``CPU:1``, as ome's swaps were made
+  until 2026-11-29 19:00; now they are numpy buffers outside it, and the records hold
+  no host chunks, so this trial gives what the one before gives);
 - growing from regions of 2 MiB, doubling, as TensorFlow's CPU allocator does by itself
   (and a GPU's with memory growth on), which the benchmark measures with
   ``--growing-allocator``;
