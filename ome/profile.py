@@ -24,9 +24,16 @@ from ome.measure import _check_count, _memory_stats, _run, _short_device, _stats
 
 # Scratch below this is allocator rounding, not a workspace worth planning around.
 MIN_SCRATCH_BYTES = 64 * 1024
+# Untraced steps after the traced ones whose peaks count in ``plain_peak_bytes``, as many
+# as ``ome.measure``'s timed steps: plain backprop's peak varies from step to step (the
+# executor runs two kernels at once, its updates copying variables into whatever chunks
+# are free); ResNet-18, batch 8, 64x64: 147.6-177.8 MiB over 25 steps, so the most of
+# three steps fell 11.7% under a later run's most of five (docs/RESULTS.md).
+PEAK_STEPS = 5
 
 
-def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_device=None):
+def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_steps=PEAK_STEPS,
+            host_device=None):
     """Measure the cost model of the step ``session.run(fetches, feed_dict)``.
 
     Parameters
@@ -36,6 +43,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         ``'CPU:0'``.
     steps : traced steps after one warm-up step; op times are their medians, scratch
         bytes their maxima (``temporaries``) and minima (``temporaries_alone``).
+    peak_steps : untraced steps after the traced ones; their peaks and what they leave
+        allocated count in ``plain_peak_bytes`` and ``resident_bytes`` (default
+        :data:`PEAK_STEPS`; 0 for none).
     host_device : when given, the host link's bandwidth and the share of a transfer
         hidden beside compute are measured too (:func:`ome.host.measure_bandwidth`,
         :func:`ome.host.measure_overlap`); else the defaults stay.
@@ -47,8 +57,8 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         name, beside other kernels and alone), ``resident_bytes``
         (allocated between steps: the least of what was allocated before the profile's
         first step and after each profiled step; ``plain_resident_extra`` the most less
-        the least), ``plain_peak_bytes`` (the device's peak, the most of the
-        steps), ``output_bytes`` (the
+        the least), ``plain_peak_bytes`` (the device's peak, the most of the traced
+        and untraced steps), ``output_bytes`` (the
         bytes each output asked for), ``chunk_overhead`` (the bytes the allocator gave
         the outputs over the bytes they asked for, each output's median of the steps)
         and ``bandwidth`` and ``transfer_overlap`` (with a host); ``source`` names the device.
@@ -59,23 +69,23 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         copied because a kernel still read it; the most of the steps).
     """
     steps = _check_count("steps", steps, minimum=1)
+    peak_steps = _check_count("peak_steps", peak_steps, minimum=0)
     stats_device = _stats_device(device)
     # before any profiled step: a plain step's updates may copy a variable into a chunk up
     # to twice its size, and those chunks stay; a rewritten step copies none, so it keeps
     # what was allocated before plain steps ran (the least of all these)
-    resident = [_memory_stats(stats_device)["current"]]
+    before = _memory_stats(stats_device)["current"]
     _run(session, fetches, feed_dict, phase="warm-up")
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(list)
     asked, given = {}, collections.defaultdict(list)
     updates = _gradient_updates(session.graph, fetches)
     delays = collections.defaultdict(list)
-    peaks = []
+    memory = []  # each traced and untraced step's statistics
     for _ in range(steps):
-        _memory_stats(stats_device, reset=True)
         metadata = tf.compat.v1.RunMetadata()
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        _run(session, fetches, feed_dict, phase="profiled", options=options,
-             run_metadata=metadata)
+        memory.append(_step_memory(session, fetches, feed_dict, stats_device, phase="profiled",
+                                   options=options, run_metadata=metadata))
         for node, node_seconds, node_scratch in _node_costs(metadata, stats_device):
             seconds[node].append(node_seconds)
             scratch[node].append(node_scratch)
@@ -85,9 +95,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         if updates is not None:
             for producer, delay in _update_delays(metadata, updates).items():
                 delays[producer].append(delay)
-        stats = _memory_stats(stats_device)
-        resident.append(stats["current"])
-        peaks.append(stats["peak"])
+    memory += [_step_memory(session, fetches, feed_dict, stats_device, phase="untraced")
+               for _ in range(peak_steps)]
+    resident = [before] + [stats["current"] for stats in memory]
     if not seconds:
         raise InvalidArgumentError(
             f"the traced step ran no op on {stats_device}; pass device= the step runs on")
@@ -110,10 +120,18 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, host_devi
         temporaries={node: most[node] for node in scratched},
         temporaries_alone={node: min(scratch[node]) for node in scratched},
         resident_bytes=min(resident), plain_resident_extra=max(resident) - min(resident),
-        plain_peak_bytes=max(peaks),
+        plain_peak_bytes=max(stats["peak"] for stats in memory),
         output_bytes=asked,
         chunk_overhead=_chunk_overhead(asked, given),
-        source=f"profiled on {stats_device}, median of {steps} traced steps", **extra)
+        source=f"profiled on {stats_device}, median of {steps} traced steps, peak the most "
+               f"of {steps + peak_steps}", **extra)
+
+
+def _step_memory(session, fetches, feed_dict, device, *, phase, **run_options):
+    """Run one step with ``device``'s peak reset first; its memory statistics after."""
+    _memory_stats(device, reset=True)
+    _run(session, fetches, feed_dict, phase=phase, **run_options)
+    return _memory_stats(device)
 
 
 def profile_order(costs, plain, ordered, *, rounds=15):

@@ -38,6 +38,30 @@ def test_profile_measures_op_times_scratch_and_resident_memory(graph):
     assert ome.CostModel.from_json(costs.to_json()) == costs
 
 
+def test_the_untraced_steps_peaks_count_in_the_plain_peak(graph):
+    """Plain backprop's peak varies from step to step, so the profile's plain peak is the
+    most of the traced steps and of ``peak_steps`` untraced ones after them."""
+    case = graphs.tanh_chain(layers=3)
+    scale = tf.compat.v1.placeholder(tf.float32, [])
+    large = tf.reduce_sum(tf.fill([16 * MiB], scale))  # 64 MiB while it runs
+    runs = []
+    with tf.compat.v1.Session() as sess:
+        class LastStepAllocates:
+            graph = sess.graph
+
+            def run(self, fetches, feed_dict=None, **options):
+                runs.append(options)
+                if len(runs) == 4:
+                    fetches, feed_dict = [fetches, large], {**(feed_dict or {}), scale: 1.0}
+                return sess.run(fetches, feed_dict=feed_dict, **options)
+
+        costs = ome.profile(LastStepAllocates(), case.ys, case.feed, steps=1, peak_steps=2)
+    # a warm-up, one traced step, then two untraced ones, the last holding 64 MiB
+    assert [bool(options) for options in runs] == [False, True, False, False]
+    assert costs.plain_peak_bytes >= 64 * MiB > costs.resident_bytes
+    assert "peak the most of 3" in costs.source
+
+
 def test_profile_with_a_host_measures_the_link(graph):
     case = graphs.tanh_chain(layers=10)
     grads = tf.gradients(case.ys, case.xs)
@@ -197,3 +221,5 @@ def test_bad_cost_model_and_steps_are_refused(graph):
     with tf.compat.v1.Session() as sess:
         with pytest.raises(errors.InvalidArgumentError, match="steps must be >= 1"):
             ome.profile(sess, case.ys, case.feed, steps=0)
+        with pytest.raises(errors.InvalidArgumentError, match="peak_steps must be >= 0"):
+            ome.profile(sess, case.ys, case.feed, peak_steps=-1)
