@@ -641,8 +641,9 @@ def test_interleaved_measures_memory_and_times_the_strategies_in_each_repetition
     assert "1 repetition, each a fresh process per strategy for memory, then 0 warm-up " \
            "and 2 timed rounds of vanilla, ome in one" in out
     assert re.search(r"repetition 1: vanilla \d\.\d{3} s \(IQR \d+%\) 1\.00x, "
-                     r"device memory_cost \d+\.\d MiB \| ome \d\.\d{3} s \(IQR \d+%\) "
-                     r"\d\.\d\dx, device memory_cost \d+\.\d MiB", out), out
+                     r"device memory_cost \d+\.\d MiB \(chunk waste \d+\.\d\) \| "
+                     r"ome \d\.\d{3} s \(IQR \d+%\) \d\.\d\dx, device memory_cost "
+                     r"\d+\.\d MiB \(chunk waste \d+\.\d\)", out), out
     assert re.search(r"\n  ome +\d\.\d\d +\d\.\d\d +0\.0% +"
                      r"\d+\.\d +\d+\.\d +\d\.\d\d\n", out), out
 
@@ -658,7 +659,8 @@ def test_interleaved_summary_says_which_strategy_needed_less_memory_in_how_many(
     ratios = {"vanilla": [1.0, 1.0, 1.0], "a": [1.3, 1.2, 1.25], "b": [1.2, 1.3, 1.2]}
     costs = {"vanilla": [400.0, 420.0, 410.0], "a": [120.0, 112.0, 115.0],
              "b": [118.0, 119.0, 121.0]}
-    interleaved._summary(("vanilla", "a", "b"), ratios, costs)
+    wastes = {"vanilla": [30.0, 40.0, 35.0], "a": [10.0, 2.0, 20.0], "b": [3.0, 5.0, 1.0]}
+    interleaved._summary(("vanilla", "a", "b"), ratios, costs, wastes)
     out = capsys.readouterr().out
     assert "(vanilla's device memory_cost per repetition: 400.0 420.0 410.0 MiB, median " \
            "410.0)" in out
@@ -667,6 +669,8 @@ def test_interleaved_summary_says_which_strategy_needed_less_memory_in_how_many(
     # a's median (115) is below b's (119): a is named first, below in 2 of 3 (120 > 118)
     assert "a below b in device memory_cost in 2 of 3 repetitions (by -2.0 to +7.0 MiB); " \
            "its step time 1.04x b's (median; 0.92-1.08)" in out
+    # less the waste: a 110, 110, 95 against b 115, 114, 120
+    assert "less each peak's chunk waste: in 3 of 3 repetitions (by +4.0 to +25.0 MiB)" in out
 
 
 def _parse(argv):
