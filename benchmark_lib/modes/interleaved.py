@@ -118,10 +118,11 @@ def _memory_spec(config, model, strategy, batch):
     return dataclasses.replace(config.spec(RunKey(model, strategy, batch)), steps=config.steps)
 
 
-def _summary(strategies, ratios, costs, wastes=None):
+def _summary(strategies, ratios, costs, wastes):
     """The medians and ranges of every strategy, then every two strategies after the first
     compared repetition by repetition, in memory_cost and, where every repetition's chunk
-    waste is known (``wastes``, MiB per strategy), in memory_cost less the waste."""
+    waste is known (``wastes``, MiB per strategy, None where not read), in memory_cost less
+    the waste."""
     first = strategies[0]
     base = statistics.median(costs[first])
     print(f"  {'strategy':<18} {'step x ' + first + ' per repetition':<34} {'median':>6} "
@@ -137,7 +138,7 @@ def _summary(strategies, ratios, costs, wastes=None):
     print(f"  ({first}'s device memory_cost per repetition: "
           f"{' '.join(f'{v:.1f}' for v in costs[first])} MiB, median {base:.1f})")
     asked = {s: [c - w for c, w in zip(costs[s], wastes[s])] for s in strategies
-             if wastes and None not in wastes[s]}
+             if None not in wastes[s]}
     for a, b in itertools.combinations(strategies[1:], 2):
         if statistics.median(costs[b]) < statistics.median(costs[a]):
             a, b = b, a
