@@ -22,7 +22,8 @@ ome-swap               ``ome.gradients(swap="auto")``
 ome-speed              ``ome.gradients(checkpoints="speed")``
 ome-optimal            ``ome.gradients(checkpoints="optimal")`` (the MILP planner)
 ome-optimal-swap       ``ome.gradients(checkpoints="optimal", swap="auto")`` (with the host)
-ome-budget             ``ome.gradients(memory_budget=...)``
+ome-budget             ``ome.gradients(memory_budget=..., swap="auto")``
+ome-budget-recompute   ``ome.gradients(memory_budget=...)`` (keep or recompute, no host)
 =====================  ====================================================================
 """
 import inspect
@@ -31,9 +32,9 @@ from typing import Callable, Dict
 import ome
 from ome import errors
 
-from baselines.checkpointing import (ome_budget, ome_default, ome_optimal, ome_optimal_swap,
-                                     ome_speed, ome_swap, openai, openai_collection,
-                                     openai_memory, openai_speed)
+from baselines.checkpointing import (ome_budget, ome_budget_recompute, ome_default,
+                                     ome_optimal, ome_optimal_swap, ome_speed, ome_swap,
+                                     openai, openai_collection, openai_memory, openai_speed)
 from baselines.core import Built, Timer, graph_of, tf_gradients
 from baselines.grappler import grappler_heuristics, grappler_recompute, grappler_swap
 from baselines.lms import lms
@@ -73,6 +74,7 @@ STRATEGIES: Dict[str, Callable[..., Built]] = {
     "ome-optimal": ome_optimal,
     "ome-optimal-swap": ome_optimal_swap,
     "ome-budget": ome_budget,
+    "ome-budget-recompute": ome_budget_recompute,
 }
 
 #: Names that are another strategy with an option fixed (a benchmark runs the original).

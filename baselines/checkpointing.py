@@ -104,6 +104,13 @@ def ome_budget(loss, variables, *, memory_budget, host_device=None, batch_size=N
                 host_device=host_device, batch_size=batch_size, cost_model=cost_model)
 
 
+def ome_budget_recompute(loss, variables, *, memory_budget, batch_size=None, cost_model=None):
+    """``ome.gradients(memory_budget=...)`` as it comes, without a host: keep or recompute
+    each tensor to fit the budget at the least added time, nothing swapped."""
+    return _ome("ome-budget-recompute", loss, variables, memory_budget=memory_budget,
+                batch_size=batch_size, cost_model=cost_model)
+
+
 def ome_optimal_swap(loss, variables, *, host_device=None, batch_size=None, cost_model=None):
     """``ome.gradients(checkpoints='optimal', swap='auto')``: the MILP planner's smallest
     peak with the host to swap to (keep, recompute or swap per tensor), then the least

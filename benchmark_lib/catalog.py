@@ -41,6 +41,8 @@ STRATEGIES = {
                         "smallest peak with the host to swap to, then the least added time at it",
     "ome-budget": "ome.gradients(memory_budget=--budget): keep, recompute or swap each tensor "
                   "to fit the budget at the least added time; runs only with --budget",
+    "ome-budget-recompute": "ome.gradients(memory_budget=--budget) without a host: keep or "
+                            "recompute each tensor, nothing swapped; runs only with --budget",
 }
 
 #: Strategies that repeat another one with an option fixed; the default sweep skips them.
@@ -48,7 +50,7 @@ ALIASES = {"openai-memory": "openai", "openai-collection": "openai", "ome-optima
            "ome-speed": "ome", "ome-optimal-swap": "ome-swap"}
 
 #: Strategies that cannot run without a memory budget (``--budget``).
-NEEDS_BUDGET = frozenset({"ome-budget"})
+NEEDS_BUDGET = frozenset({"ome-budget", "ome-budget-recompute"})
 
 _RESNET = re.compile(r"^resnet(\d+)$")
 

@@ -121,6 +121,9 @@ def make_parser(modes):
                    help="--frontier's budgets, as fractions of plain backprop's measured "
                         "device peak (default 0.55,0.6,...,0.95); a budget below the "
                         "smallest reachable is a refused row naming it")
+    p.add_argument("--budget-strategy", choices=sorted(catalog.NEEDS_BUDGET),
+                   help="what --frontier plans at each budget: ome-budget (keep, recompute "
+                        "or swap; the default) or ome-budget-recompute (no host)")
     p.add_argument("--out", help=f"results folder (default {quick.out}/; {thesis.out}/ with "
                                  f"--preset thesis; results/max-batch/ with --max-batch)")
     p.add_argument("--preset", choices=sorted(PRESETS),

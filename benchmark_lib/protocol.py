@@ -64,10 +64,10 @@ class RoundsSpec:
     of each, ``steps`` rounds of one step of each in turn (the sweep's step times,
     ``--interleaved``). ``measure_lock`` as in :class:`RunSpec`, held alone for all the
     rounds. With ``profile`` the plain step is profiled first and strategies that take a
-    cost model get it; ``budgets`` (bytes, with ``profile``) add ``ome-budget`` at each,
-    timed as :func:`budget_label`, and the plain step built with ``ome.ordered_backprop``
-    (:data:`ORDERED_LABEL`: the rewrite's order alone, predicted to add the profile's
-    ``order_seconds``). The result's ``quartiles`` map each strategy timed to
+    cost model get it; ``budgets`` (bytes, with ``profile``) add ``budget_strategy`` (a
+    strategy taking a ``memory_budget``) at each, timed as :func:`budget_label`, and the
+    plain step built with ``ome.ordered_backprop`` (:data:`ORDERED_LABEL`: the rewrite's
+    order alone, predicted to add the profile's ``order_seconds``). The result's ``quartiles`` map each strategy timed to
     its step seconds' ``(q1, median, q3)``, ``times`` to those seconds round by round
     (every list as long as the others), ``predicted`` to its plan's predicted added
     seconds (with ``profile``, where the plan has one); ``failed`` maps a strategy that
@@ -83,6 +83,7 @@ class RoundsSpec:
     measure_lock: Optional[str] = None
     profile: bool = False
     budgets: Tuple[int, ...] = ()
+    budget_strategy: str = "ome-budget"
     reserve: bool = True
     task: str = "rounds"
 
@@ -93,7 +94,7 @@ ORDERED_LABEL = "ordered"
 
 
 def budget_label(budget):
-    """The name a :class:`RoundsSpec` result gives ``ome-budget`` at ``budget`` bytes."""
+    """The name a :class:`RoundsSpec` result gives its budget strategy at ``budget`` bytes."""
     return f"ome-budget@{budget}"
 
 

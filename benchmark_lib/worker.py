@@ -224,7 +224,7 @@ def _rounds(spec, lock):
     costs = _profile(spec, lock) if spec.profile else None
     runs, failed, predicted = {}, {}, {}
     entries = [(strategy, strategy, None) for strategy in spec.strategies] + \
-        [(protocol.budget_label(b), "ome-budget", b) for b in spec.budgets]
+        [(protocol.budget_label(b), spec.budget_strategy, b) for b in spec.budgets]
     if costs is not None:
         entries.append((protocol.ORDERED_LABEL, None, None))
     for label, strategy, budget in entries:

@@ -38,6 +38,7 @@ GRAPH_STRATEGIES = {
     "ome-optimal-swap": {},
     "ome-speed": {},
     "ome-budget": {"memory_budget": "1GiB"},
+    "ome-budget-recompute": {"memory_budget": "1GiB"},
 }
 CASES = {k: v for k, v in graphs.SMALL_CASES.items() if k != "two_heads"}
 
@@ -69,8 +70,10 @@ def test_registry():
     assert set(baselines.STRATEGIES) == {
         "vanilla", "openai", "openai-memory", "openai-speed", "openai-collection", "lms",
         "grappler-recompute", "grappler-swap", "grappler-heuristics", "tf-recompute-grad",
-        "ome", "ome-swap", "ome-speed", "ome-optimal", "ome-optimal-swap", "ome-budget"}
+        "ome", "ome-swap", "ome-speed", "ome-optimal", "ome-optimal-swap", "ome-budget",
+        "ome-budget-recompute"}
     assert baselines.required_options("ome-budget") == ["memory_budget"]
+    assert baselines.required_options("ome-budget-recompute") == ["memory_budget"]
     assert baselines.options_of("vanilla") == ["cost_model"]  # for predictions only
     assert "n_tensors" in baselines.options_of("lms")
     assert baselines.model_options("lms") == {}
@@ -243,6 +246,26 @@ def test_lms_autotune_fits_the_budget_with_fewer_swaps(graph):
     built = baselines.build("lms", case.ys[0], case.xs, memory_budget="60MiB")
     assert built.info["simulated_peak"] <= 60 * MiB
     assert 30 <= len(built.info["swapped"]) < 100
+
+
+def test_budget_recompute_fits_the_budget_without_swapping():
+    _, vanilla, _ = _measured(graphs.tanh_chain, "vanilla")
+    with tf.Graph().as_default():
+        case = graphs.tanh_chain()
+        built = baselines.build("ome-budget-recompute", case.ys[0], case.xs,
+                                memory_budget="50MiB")
+        expected = tf.gradients(case.ys, case.xs)
+        with tf.compat.v1.Session(config=session_config(built.config)) as sess:
+            fitted = measure(sess, built.grads, case.feed, warmup=1, steps=2)
+            got, want = sess.run([built.grads, expected], case.feed)
+    print(f"tanh chain device peak: vanilla {vanilla.device_peak / MiB:.1f} MiB, "
+          f"recompute-only in 50 MiB {fitted.device_peak / MiB:.1f} MiB; "
+          f"{len(built.info['checkpoints'])} checkpoints, "
+          f"{built.info['copied_ops']} ops recomputed")
+    assert built.info["checkpoints"] and built.info["copied_ops"]
+    assert not built.info["swapped"] and built.info["host_device"] is None
+    assert vanilla.device_peak > 90 * MiB and fitted.device_peak <= 50 * MiB
+    assert_same(got, want)
 
 
 def test_openai_on_the_tanh_chain_matches_the_published_figures():

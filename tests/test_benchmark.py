@@ -607,6 +607,8 @@ def test_frontier_dominance_judges_every_other_run_by_paired_rounds(tmp_path):
     (["--frontier", "--fractions", "0.5,1.2"], "expected fractions in (0, 1]"),
     (["--frontier", "--fractions", "half"], "expected fractions in (0, 1]"),
     (["--fractions", "0.5"], "--fractions does not apply to the sweep"),
+    (["--frontier", "--budget-strategy", "ome"], "argument --budget-strategy: invalid choice"),
+    (["--budget-strategy", "ome-budget"], "--budget-strategy does not apply to the sweep"),
 ])
 def test_frontier_refusals(capsys, tmp_path, monkeypatch, argv, fragment):
     monkeypatch.chdir(tmp_path)
@@ -619,6 +621,10 @@ def test_frontier_budgets_default_to_the_fractions_and_take_the_ones_given():
     given = frontier.prepare(_parse(["--frontier", "--fractions", "0.5, 0.45,0.5"]))
     assert given.fractions == (0.45, 0.5)
     assert given.config.models == ("resnet50",) and given.config.profile
+    assert given.budget_strategy == "ome-budget"
+    recompute = frontier.prepare(_parse(["--frontier", "--budget-strategy",
+                                         "ome-budget-recompute"]))
+    assert recompute.budget_strategy == "ome-budget-recompute"
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -849,17 +855,27 @@ def test_a_strategy_failing_in_the_rounds_leaves_the_others_timed(monkeypatch):
         assert 0 < q1 <= median <= q3
 
 
-def test_rounds_with_a_profile_time_budgets_and_carry_the_predictions():
+def test_rounds_with_a_profile_time_budgets_and_carry_the_predictions(monkeypatch):
+    import baselines
     from benchmark_lib import worker
 
+    built, real_build = [], baselines.build
+
+    def build(strategy, ys, xs, **options):
+        built.append((strategy, options.get("memory_budget")))
+        return real_build(strategy, ys, xs, **options)
+
+    monkeypatch.setattr(baselines, "build", build)
     everything = 2 ** 40  # plain backprop fits: the budget plan changes nothing
     # OpenAI's checkpointing recomputes whole segments whatever the costs; ome's default
     # with a profile may only hold the gradients at this size, adding only the order
     spec = protocol.RoundsSpec("resnet18", ("vanilla", "openai"), 2, 32, steps=2,
-                               warmup=0, profile=True, budgets=(everything,))
+                               warmup=0, profile=True, budgets=(everything,),
+                               budget_strategy="ome-budget-recompute")
     with worker._CpuLock(None) as lock:
         result = worker._rounds(spec, lock)
     label, ordered = protocol.budget_label(everything), protocol.ORDERED_LABEL
+    assert ("ome-budget-recompute", everything) in built
     assert result["failed"] == {}
     assert set(result["quartiles"]) == {"vanilla", "openai", label, ordered}
     predicted = result["predicted"]
@@ -881,7 +897,8 @@ def test_specs_and_messages_round_trip():
     rounds = protocol.RoundsSpec("resnet18", ("vanilla", "ome"), 2, 32, steps=5, warmup=1,
                                  measure_lock="/x")
     assert protocol.decode_spec(protocol.encode_spec(rounds)) == rounds
-    budgets = dataclasses.replace(rounds, profile=True, budgets=(300 * MiB, 400 * MiB))
+    budgets = dataclasses.replace(rounds, profile=True, budgets=(300 * MiB, 400 * MiB),
+                                  budget_strategy="ome-budget-recompute")
     assert protocol.decode_spec(protocol.encode_spec(budgets)) == budgets
     with pytest.raises(ValueError, match="not a worker spec"):
         protocol.decode_spec('{"task": "dance"}')

@@ -2,19 +2,22 @@
 
 One model (default ResNet-50 at the sweep's batch 16, 112x112). Every run profiles the
 plain step first and plans with the measured costs. The baselines run once each; then
-``ome-budget`` (the optimal planner) runs at budgets that are fractions of plain backprop's
-measured device peak. Each row holds the plan's predicted device peak and added seconds
-beside the measured ones, so the frontier also shows how well the planner predicts.
+``ome-budget`` (the optimal planner; ``--budget-strategy ome-budget-recompute``: without a
+host) runs at budgets that are fractions of plain backprop's measured device peak. Each
+row holds the plan's predicted device peak and added seconds beside the measured ones, so
+the frontier also shows how well the planner predicts.
 Then every run that measured (strategies and budgets) and the plain step in the rewrite's
 order (``ome.ordered_backprop``) are timed again in one process, a step of each in turn (at
 least :data:`ROUNDS_STEPS` rounds), where the added seconds are measured against plain's at
 the same process speed and set beside the predicted ones, whole and beyond the order's own.
 With those paired times every other run is judged against ome's frontier
 (:func:`dominance`), and the plot draws them. Writes ``frontier.csv``, ``frontier.md`` and
-``frontier.png`` into ``--out`` (default ``results/frontier/``); always measures afresh.
+``frontier.png`` into ``--out`` (default ``results/frontier/``), and the rounds' step times
+round by round into ``rounds.json``; always measures afresh.
 """
 import csv
 import dataclasses
+import json
 import os
 import time
 from typing import Tuple
@@ -77,10 +80,12 @@ def budget_bytes(fraction, plain_peak):
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """A checked ``--frontier``: the runs' settings and the budgets' fractions."""
+    """A checked ``--frontier``: the runs' settings, the budgets' fractions and the
+    strategy planned at each budget."""
 
     config: BenchConfig
     fractions: Tuple[float, ...]
+    budget_strategy: str = "ome-budget"
 
 
 def prepare(args):
@@ -94,18 +99,19 @@ def prepare(args):
     if "vanilla" not in config.strategies:
         raise ConfigError("--frontier needs vanilla among --strategies: budgets are "
                           "fractions of its peak")
-    return Prepared(config, tuple(args.fractions or FRACTIONS))
+    return Prepared(config, tuple(args.fractions or FRACTIONS),
+                    args.budget_strategy or "ome-budget")
 
 
 def run(prepared):
-    config, fractions = prepared.config, prepared.fractions
+    config, fractions, budgeted = prepared.config, prepared.fractions, prepared.budget_strategy
     console = Console()
     for note in config.notes:
         console.say(f"note: {note}")
     model, batch = config.models[0], config.batch_sizes[0]
     total = len(config.strategies) + len(fractions)
     console.say(f"frontier of {model}, batch {batch}, image {config.image_sizes[model]}: "
-                f"strategies {', '.join(config.strategies)}, then ome-budget at "
+                f"strategies {', '.join(config.strategies)}, then {budgeted} at "
                 f"{', '.join(f'{f:.2f}' for f in fractions)} of plain's peak; each run "
                 f"profiles the plain step first")
     began = time.monotonic()
@@ -130,7 +136,7 @@ def run(prepared):
             raise ConfigError(f"plain backprop failed, so there is no peak to take budgets "
                               f"from: {plain.reason}")
         for fraction in fractions:
-            spec = dataclasses.replace(config.spec(RunKey(model, "ome-budget", batch)),
+            spec = dataclasses.replace(config.spec(RunKey(model, budgeted, batch)),
                                        budget=budget_bytes(fraction, plain.device_peak_bytes))
             measure(spec, fraction)
         budgets = {budget_bytes(p.fraction, plain.device_peak_bytes): p.fraction
@@ -140,7 +146,8 @@ def run(prepared):
         console.say(f"timing {len(strategies) + len(budgets)} runs that measured and the "
                     f"order alone in one process, {steps} rounds")
         spec = dataclasses.replace(config.rounds_spec(RoundsKey(model, batch, strategies)),
-                                   budgets=tuple(budgets), steps=steps)
+                                   budgets=tuple(budgets), budget_strategy=budgeted,
+                                   steps=steps)
         try:
             rounds = pool.call(spec, timeout=config.timeout * (len(strategies) + len(budgets)))
         except WorkerFailed as exc:
@@ -149,10 +156,10 @@ def run(prepared):
     lines = table(points, plain) + [""] + rounds_table(rounds, strategies, budgets, steps)
     judged = dominance(points, rounds, plain.device_peak_bytes)
     lines += [""] + judged if judged else []
-    _write(config, points, lines, rounds)
+    _write(config, points, lines, rounds, budgeted)
     print("\n".join(lines))
     console.say(f"done in {format_duration(time.monotonic() - began)}; wrote frontier.csv, "
-                f"frontier.md and frontier.png into {config.out}")
+                f"frontier.md, frontier.png and rounds.json into {config.out}")
     return 0
 
 
@@ -323,25 +330,27 @@ def _seconds(value):
     return "-" if value is None else f"{value:+.3f}"
 
 
-def _write(config, points, lines, rounds):
+def _write(config, points, lines, rounds, budgeted):
     with open(os.path.join(config.out, "frontier.csv"), "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(("budget_fraction",) + COLUMNS)
         for p in points:
             writer.writerow(("" if p.fraction is None else p.fraction,) + tuple(
                 "" if v is None else v for v in dataclasses.astuple(p.row)))
+    with open(os.path.join(config.out, "rounds.json"), "w") as f:
+        json.dump(rounds, f, indent=1)
     model = config.models[0]
     header = (f"# Frontier: {model}, batch {config.batch_sizes[0]}, image "
               f"{config.image_sizes[model]}x{config.image_sizes[model]}\n\n"
               f"Measured {now()} on {_machine()}; step times are medians of "
               f"{config.steps} steps in each run's own process, then side by side in "
               f"rounds. `added s`: step time minus plain backprop's; `predicted`: the "
-              f"plan's own estimates from the profile.\n\n")
+              f"plan's own estimates from the profile; the budgets are {budgeted}'s.\n\n")
     with open(os.path.join(config.out, "frontier.md"), "w") as f:
         f.write(header + "\n".join(lines) + "\n")
     plot(points, os.path.join(config.out, "frontier.png"),
          f"{model}, batch {config.batch_sizes[0]}, "
-         f"{config.image_sizes[model]}x{config.image_sizes[model]}", rounds)
+         f"{config.image_sizes[model]}x{config.image_sizes[model]}", rounds, budgeted)
 
 
 def _machine():
@@ -350,8 +359,8 @@ def _machine():
             f"{info.get('memory_bytes', 0) / 2**30:.1f} GiB, Python {info.get('python')}")
 
 
-def plot(points, path, title, rounds=None):
-    """Step time against device peak: ome-budget's frontier as a line, other runs as
+def plot(points, path, title, rounds=None, budgeted="ome-budget"):
+    """Step time against device peak: ``budgeted``'s frontier as a line, other runs as
     points, both relative to plain backprop. Times from the rounds (side by side in one
     process) where ``rounds`` timed plain backprop; else each run's own process."""
     plt = plots._pyplot()
@@ -373,7 +382,7 @@ def plot(points, path, title, rounds=None):
     frontier = sorted((p.row.device_peak_bytes / peak, y) for p, y in drawn
                       if p.fraction is not None)
     if frontier:
-        ax.plot(*zip(*frontier), "-o", color="C0", label="ome-budget (optimal plan per budget)")
+        ax.plot(*zip(*frontier), "-o", color="C0", label=f"{budgeted} (optimal plan per budget)")
     style_of = plots.styles(list(dict.fromkeys(p.row.strategy for p in points
                                                if p.fraction is None)))
     for p, y in drawn:
@@ -391,9 +400,10 @@ def plot(points, path, title, rounds=None):
 
 
 MODE = Mode(name="frontier", flag="--frontier",
-            help="one model (default resnet50): every planned strategy, then ome-budget at "
-                 "budgets from 0.55 to 0.95 of plain backprop's peak (--fractions), measured "
-                 "and predicted (writes results/frontier/)",
+            help="one model (default resnet50): every planned strategy, then ome-budget "
+                 "(--budget-strategy) at budgets from 0.55 to 0.95 of plain backprop's peak "
+                 "(--fractions), measured and predicted (writes results/frontier/)",
             options=frozenset({"models", "model", "strategies", "batch_size", "image_size",
-                               "steps", "warmup", "out", "timeout", "fractions", "growing_allocator"}),
+                               "steps", "warmup", "out", "timeout", "fractions",
+                               "budget_strategy", "growing_allocator"}),
             prepare=prepare, run=run)
