@@ -191,23 +191,36 @@ def test_the_limit_is_met_by_the_simulated_peak():
         assert plan.count(Decision.RECOMPUTE) > 0
 
 
-def test_the_first_solve_ends_by_its_own_rules_not_the_deadline(monkeypatch):
+def test_the_first_solves_end_by_their_own_rules_not_the_deadline(monkeypatch):
     # On a busy machine the deadline passes during the first solve: HiGHS must still end
     # it by its gap or node limit (cut by the clock it returns its first incumbent, which
-    # can be the smallest-peak plan), and only later solves are cut.
-    calls = []
+    # can be the smallest-peak plan). When that plan does not fit, the second round must
+    # still run, uncut, to correct the modelled limit (ResNet-50 with the host fell back
+    # to select.auto's plan, adding 0.283 s where the corrected plan adds 0.115,
+    # 2026-11-30); only later solves are cut.
+    calls, targets = [], []
 
     def recorded(*args, options, **kwargs):
         calls.append(dict(options))  # milp pops what it reads
         return real(*args, options=options, **kwargs)
 
+    solve = optimal._Problem.solve
+
+    def misjudged(self, target, seconds):
+        # the first solve's model under-counts: its plan simulates over the limit
+        targets.append(target)
+        return solve(self, target * 1.5 if len(targets) == 1 else target, seconds)
+
     real = optimal.milp
     monkeypatch.setattr(optimal, "milp", recorded)
+    monkeypatch.setattr(optimal._Problem, "solve", misjudged)
     view = chain(20)
     plan = optimal.optimal(view, limit=10 * MiB, time_limit=1e-9)
-    assert calls[0]["time_limit"] >= optimal.FIRST_SOLVE_SECONDS
+    uncut = optimal.UNCUT_SOLVES
+    assert len(calls) >= 2 and uncut >= 2
+    assert all(c["time_limit"] >= optimal.FIRST_SOLVE_SECONDS for c in calls[:uncut])
     assert all(c["node_limit"] == optimal.MAX_NODES for c in calls)
-    assert all(c["time_limit"] == optimal.MIN_SOLVE_SECONDS for c in calls[1:])
+    assert all(c["time_limit"] == optimal.MIN_SOLVE_SECONDS for c in calls[uncut:])
     assert plan.estimates["solver"] == optimal.SOLVER_OPTIMAL
     assert plan.estimates["device_peak"] <= 10 * MiB and plan.recomputed
 
