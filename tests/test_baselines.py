@@ -258,13 +258,15 @@ def test_budget_recompute_fits_the_budget_without_swapping():
         with tf.compat.v1.Session(config=session_config(built.config)) as sess:
             fitted = measure(sess, built.grads, case.feed, warmup=1, steps=2)
             got, want = sess.run([built.grads, expected], case.feed)
-    print(f"tanh chain device peak: vanilla {vanilla.device_peak / MiB:.1f} MiB, "
-          f"recompute-only in 50 MiB {fitted.device_peak / MiB:.1f} MiB; "
+    # memory_cost: the peak less what the process held before (other tests' sessions); the
+    # chain holds no variables, so that is what the budget bounds
+    print(f"tanh chain memory_cost: vanilla {vanilla.memory_cost / MiB:.1f} MiB, "
+          f"recompute-only in 50 MiB {fitted.memory_cost / MiB:.1f} MiB; "
           f"{len(built.info['checkpoints'])} checkpoints, "
           f"{built.info['copied_ops']} ops recomputed")
     assert built.info["checkpoints"] and built.info["copied_ops"]
     assert not built.info["swapped"] and built.info["host_device"] is None
-    assert vanilla.device_peak > 90 * MiB and fitted.device_peak <= 50 * MiB
+    assert vanilla.memory_cost > 90 * MiB and fitted.memory_cost <= 50 * MiB
     assert_same(got, want)
 
 
