@@ -44,8 +44,8 @@ UNCUT_SOLVES = 3
 # A plan whose simulated peak is within this share under the limit is tight enough.
 TIGHT = 0.005
 # When the program keeps everything and plain backprop's (profiled) peak is over the
-# limit, or its answer repeats over the limit, the next modelled limit is this share of
-# the limit lower, doubling each time.
+# limit, or a lower target leaves the simulated peak over the limit where it was, the
+# next modelled limit is this share of the limit lower, doubling each time.
 STEP_DOWN = 0.05
 # Relative gap at which HiGHS may stop and call a solution optimal.
 MIP_GAP = 1e-3
