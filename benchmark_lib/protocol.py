@@ -10,11 +10,13 @@ import json
 import math
 from typing import Mapping, NamedTuple, Optional, Tuple
 
-__all__ = ["RESULT_PREFIX", "LOG_PREFIX", "RunSpec", "ParamsSpec", "LogRecord", "encode_spec",
-           "decode_spec", "ORDERED_LABEL", "budget_label", "result_line", "parse_result",
-           "log_line", "parse_log", "is_echoed", "json_safe"]
+__all__ = ["RESULT_PREFIX", "LOG_PREFIX", "BUDGET_STRATEGY", "RunSpec", "ParamsSpec",
+           "LogRecord", "encode_spec", "decode_spec", "ORDERED_LABEL", "budget_label",
+           "result_line", "parse_result", "log_line", "parse_log", "is_echoed", "json_safe"]
 
 RESULT_PREFIX = "@@ome-bench-result "
+#: The strategy planned at each budget unless another is asked for (``--budget-strategy``).
+BUDGET_STRATEGY = "ome-budget"
 LOG_PREFIX = "@@ome-bench-log "
 ECHO_LOGGERS = ("ome", "baselines")  # logger-name prefixes whose INFO lines the parent shows
 
@@ -67,8 +69,9 @@ class RoundsSpec:
     cost model get it; ``budgets`` (bytes, with ``profile``) add ``budget_strategy`` (a
     strategy taking a ``memory_budget``) at each, timed as :func:`budget_label`, and the
     plain step built with ``ome.ordered_backprop`` (:data:`ORDERED_LABEL`: the rewrite's
-    order alone, predicted to add the profile's ``order_seconds``). The result's ``quartiles`` map each strategy timed to
-    its step seconds' ``(q1, median, q3)``, ``times`` to those seconds round by round
+    order alone, predicted to add the profile's ``order_seconds``). The result's
+    ``quartiles`` map each strategy timed to its step seconds' ``(q1, median, q3)``,
+    ``times`` to those seconds round by round
     (every list as long as the others), ``predicted`` to its plan's predicted added
     seconds (with ``profile``, where the plan has one); ``failed`` maps a strategy that
     could not be built or run to why. ``reserve`` as in :class:`RunSpec`.
@@ -83,7 +86,7 @@ class RoundsSpec:
     measure_lock: Optional[str] = None
     profile: bool = False
     budgets: Tuple[int, ...] = ()
-    budget_strategy: str = "ome-budget"
+    budget_strategy: str = BUDGET_STRATEGY
     reserve: bool = True
     task: str = "rounds"
 

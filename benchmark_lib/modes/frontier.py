@@ -85,7 +85,7 @@ class Prepared:
 
     config: BenchConfig
     fractions: Tuple[float, ...]
-    budget_strategy: str = "ome-budget"
+    budget_strategy: str
 
 
 def prepare(args):
@@ -100,7 +100,7 @@ def prepare(args):
         raise ConfigError("--frontier needs vanilla among --strategies: budgets are "
                           "fractions of its peak")
     return Prepared(config, tuple(args.fractions or FRACTIONS),
-                    args.budget_strategy or "ome-budget")
+                    args.budget_strategy or protocol.BUDGET_STRATEGY)
 
 
 def run(prepared):
@@ -359,7 +359,7 @@ def _machine():
             f"{info.get('memory_bytes', 0) / 2**30:.1f} GiB, Python {info.get('python')}")
 
 
-def plot(points, path, title, rounds=None, budgeted="ome-budget"):
+def plot(points, path, title, rounds=None, budgeted=protocol.BUDGET_STRATEGY):
     """Step time against device peak: ``budgeted``'s frontier as a line, other runs as
     points, both relative to plain backprop. Times from the rounds (side by side in one
     process) where ``rounds`` timed plain backprop; else each run's own process."""
