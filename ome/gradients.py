@@ -27,6 +27,8 @@ CHECKPOINT_MODES = ("auto", "optimal", "memory", "speed", "collection", "none", 
 # asked even where the simulator predicts no lower peak.
 TRANSFORMER_MODES = ("selective", "full")
 _UNCONNECTED = ("none", "zero")
+#: The batch an unknown leading dimension is planned at when no budget needs the real one.
+ASSUMED_BATCH = 64
 
 
 def _as_list(value):
@@ -168,6 +170,10 @@ class _Options:
             raise errors.InvalidArgumentError(
                 f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = batch_size
+        # Without a budget a plan weighs tensors against each other, not against a limit,
+        # so an unknown batch dimension is planned at a stand-in; a budget needs the real one.
+        self.sizing_batch = ASSUMED_BATCH if batch_size is None and self.budget is None \
+            else batch_size
         if isinstance(swap_ahead, bool) or not isinstance(swap_ahead, int) or swap_ahead < 0:
             raise errors.InvalidArgumentError(f"swap_ahead must be an int >= 0, got {swap_ahead!r}")
         self.swap_ahead = swap_ahead
@@ -188,8 +194,8 @@ class _Options:
         return (not isinstance(self.checkpoints, str)
                 or self.checkpoints in ("memory",) + TRANSFORMER_MODES
                 or bool(self.pins) or isinstance(self.swap, list) or self.budget is not None
-                or (self.checkpoints != "none" and self.batch_size is None
-                    and _has_unknown_sizes(forward)))
+                or (self.checkpoints != "none"
+                    and _has_unknown_sizes(forward, self.sizing_batch)))
 
 
 def _replicas_in_sync():
@@ -200,10 +206,21 @@ def _replicas_in_sync():
     return context.num_replicas_in_sync
 
 
-def _has_unknown_sizes(forward):
-    """Whether a float tensor of the ``forward`` ops has a size planning cannot know."""
-    return any(t.dtype.is_floating and not t.shape.is_fully_defined()
+def _has_unknown_sizes(forward, batch_size):
+    """Whether a float tensor of the ``forward`` ops has a size planning cannot know, an
+    unknown leading dimension read as ``batch_size``."""
+    return any(t.dtype.is_floating and capture_mod.shape_and_bytes(t, batch_size)[1] is None
                for op in forward for t in op.outputs)
+
+
+def _log_assumed_batch(options, forward):
+    """Say when the plan's sizes stand an unknown batch dimension in by ASSUMED_BATCH."""
+    if options.batch_size is None and options.sizing_batch is not None and any(
+            t.dtype.is_floating and t.shape.rank and t.shape[0] is None
+            for op in forward for t in op.outputs):
+        log.info("the batch dimension is unknown: planned with it as %d (the plan weighs "
+                 "tensors against each other; pass batch_size= for its predicted bytes)",
+                 options.sizing_batch)
 
 
 def _static_bytes(graph):
@@ -418,7 +435,7 @@ def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None,
                     "returns the plan it built")
     scope = ys[0].graph.unique_name("ome_gradients", False)
     options.model = options.model.in_scope(scope)
-    scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.batch_size,
+    scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.sizing_batch,
                                   {"gate_gradients": False})
     with scratch.as_default():
         return make_policy_plan(view, options, scratch)
@@ -449,7 +466,8 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
         where it predicts no higher peak and no more added time, one of them less
         (``planner.lowest_at_no_more_time``).
     pin : ``{tensor: "keep" | "recompute" | "swap"}``: decisions every policy honours.
-    batch_size : resolves an unknown batch dimension when sizes matter.
+    batch_size : resolves an unknown batch dimension. Needed only with ``memory_budget``;
+        otherwise an unknown batch dimension is planned as :data:`ASSUMED_BATCH`.
     swap : False, "auto" (with ``cost_model``: the optimal planner keeps, recomputes or
         swaps each tensor for a lower peak than ``checkpoints``' plan at no more added
         time, where one exists; without it nothing is swapped), or a list of forward
@@ -494,16 +512,17 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     # A copy of a tf.function graph loses captured variables' shapes (their handles become
     # plain placeholders), so there the plan is made on the graph itself.
     forward = capture_mod.upstream_ops(ys)
+    _log_assumed_batch(options, forward)
     planned = None
     if options.can_fail(forward) and not _uncopyable(forward) \
             and not hasattr(graph, "captures"):
-        scratch, planned_on = _scratch_view(ys, xs, grad_ys, scope, options.batch_size,
+        scratch, planned_on = _scratch_view(ys, xs, grad_ys, scope, options.sizing_batch,
                                             tf_options)
         with scratch.as_default():
             planned = make_policy_plan(planned_on, options, scratch)  # raises here, on the copy
     graph.unique_name(name or "gradients")  # claim the scope
     grads, view, backward_ops = _build_and_capture(ys, xs, grad_ys, scope,
-                                                   options.batch_size, tf_options)
+                                                   options.sizing_batch, tf_options)
     # The copy's plan is the plan when the copy's backward is this one, op for op: planned
     # once (a search with a deadline may choose differently a second time, and a policy
     # the user wrote is called once).

@@ -4,6 +4,7 @@ Like OpenAI's library, this swaps the function object TensorFlow's own modules l
 ``tf.gradients``, ``tf.compat.v1.gradients`` and ``tf.compat.v1.train.Optimizer.minimize``
 (which calls ``tensorflow.python.ops.gradients.gradients``) all use ome.
 """
+import inspect
 import logging
 
 from ome import errors, tfprivate
@@ -29,19 +30,27 @@ class patch:  # pylint: disable=invalid-name  (used like a function: `with ome.p
     """Route ``tf.gradients`` through ``ome.gradients(**options)`` until stopped.
 
     Use as a context manager (``with ome.patch(checkpoints="auto") as calls:``; ``calls``
-    lists the ys of each call it served) or with ``start()`` / ``stop()``. Stopping a patch
-    that served no call logs a warning (once per process) pointing at ``ome.keras.wrap``.
+    lists the ys of each call it served) or with ``start()`` / ``stop()``. Each patched name
+    keeps TensorFlow's own signature (``tf.gradients``' for ``tf.gradients``,
+    ``tf.compat.v1.gradients``' for the v1 names). Patches nest; stop them in the reverse
+    order of starting them. Stopping a patch that served no call logs a warning (once per
+    process) pointing at ``ome.keras.wrap``. Unknown option names raise ``TypeError`` here,
+    their values are checked by each call.
     """
 
     def __init__(self, **options):
+        from ome.gradients import gradients  # pylint: disable=import-outside-toplevel
+        try:
+            inspect.signature(gradients).bind(None, None, **options)
+        except TypeError as error:
+            raise TypeError(f"ome.patch: {error} (the options are ome.gradients' keyword "
+                            "options)") from None
         self.options = options
         self.calls = []
         self._saved = None
 
-    def _gradients(self, ys, xs, grad_ys=None, name="gradients",
-                   colocate_gradients_with_ops=None, gate_gradients=False,
-                   aggregation_method=None, stop_gradients=None,
-                   unconnected_gradients="none"):
+    def _call(self, ys, xs, grad_ys, name, gate_gradients, aggregation_method,
+              stop_gradients, unconnected_gradients, colocate_gradients_with_ops):
         from ome.gradients import gradients  # pylint: disable=import-outside-toplevel
         self.calls.append(ys)
         return gradients(ys, xs, grad_ys, name or "gradients", gate_gradients,
@@ -49,18 +58,36 @@ class patch:  # pylint: disable=invalid-name  (used like a function: `with ome.p
                          colocate_gradients_with_ops=colocate_gradients_with_ops,
                          **self.options)
 
+    def _gradients(self, ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
+                   aggregation_method=None, stop_gradients=None,
+                   unconnected_gradients="none"):
+        """``tf.gradients``' signature."""
+        return self._call(ys, xs, grad_ys, name, gate_gradients, aggregation_method,
+                          stop_gradients, unconnected_gradients, None)
+
+    def _gradients_v1(self, ys, xs, grad_ys=None, name="gradients",
+                      colocate_gradients_with_ops=False, gate_gradients=False,
+                      aggregation_method=None, stop_gradients=None,
+                      unconnected_gradients="none"):
+        """``tf.compat.v1.gradients``' signature."""
+        return self._call(ys, xs, grad_ys, name, gate_gradients, aggregation_method,
+                          stop_gradients, unconnected_gradients, colocate_gradients_with_ops)
+
     def start(self):
         if self._saved is not None:
             raise errors.InvalidArgumentError("this ome.patch is already active")
-        self._saved = tfprivate.replace_gradients_function(self._gradients)
+        self._saved = tfprivate.replace_gradients_function(self._gradients,
+                                                           self._gradients_v1)
         log.info("tf.gradients now goes through ome.gradients(%s)", self.options)
         return self.calls
 
     def stop(self):
-        tfprivate.restore_functions(self._saved or ())
-        if self._saved is not None and not self.calls:
-            _warn_never_called()
+        if self._saved is None:
+            return
+        tfprivate.restore_functions(self._saved)
         self._saved = None
+        if not self.calls:
+            _warn_never_called()
 
     def __enter__(self):
         return self.start()

@@ -45,11 +45,15 @@ def swap_cost(view, name, model):
 
 
 def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
-    """``plan`` with tensors ``names`` moved to ``host_device``."""
+    """``plan`` with tensors ``names`` moved to ``host_device``; one with no bytes to move
+    (:func:`ome.schedule.has_no_bytes`) is kept, and its reason says so."""
     decisions = plan.decisions()
     reasons = {t.tensor: t.reason for t in plan.tensors}
     for t in names:
-        decisions[t], reasons[t] = Decision.SWAP, reason
+        if view.is_forward_tensor(t) and schedule_mod.has_no_bytes(view, t):
+            decisions[t], reasons[t] = Decision.KEEP, f"{reason}, kept: no bytes to move"
+        else:
+            decisions[t], reasons[t] = Decision.SWAP, reason
     return make_plan(view, decisions, reasons, plan.policy, checkpoints=plan.checkpoints,
                      host_device=host_device, swap_ahead=swap_ahead, estimates=plan.estimates)
 

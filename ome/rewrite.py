@@ -21,9 +21,6 @@ from ome import schedule as schedule_mod
 from ome.schedule import Decision
 
 log = logging.getLogger(__name__)
-# Bound at import so ome.patch, which replaces tf.gradients, never routes ome into itself.
-_tf_gradients = tf.gradients
-_tf_gradients_v1 = tf.compat.v1.gradients
 
 
 @dataclass
@@ -45,10 +42,9 @@ def build_backward(ys, xs, grad_ys, *, scope, **options):
     graph = ys[0].graph
     last = max((tfprivate.creation_id(op) for op in graph.get_operations()), default=-1)
     with graph.as_default():  # a name ending in "/" is the exact scope, not a new one
-        if "colocate_gradients_with_ops" in options:
-            grads = _tf_gradients_v1(ys, xs, grad_ys=grad_ys, name=scope + "/", **options)
-        else:
-            grads = _tf_gradients(ys, xs, grad_ys=grad_ys, name=scope + "/", **options)
+        build = tfprivate.TF_GRADIENTS_V1 if "colocate_gradients_with_ops" in options \
+            else tfprivate.TF_GRADIENTS
+        grads = build(ys, xs, grad_ys=grad_ys, name=scope + "/", **options)
     created = [op for op in graph.get_operations() if tfprivate.creation_id(op) > last]
     return grads, created
 

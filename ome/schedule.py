@@ -151,6 +151,14 @@ def _forced_keep(view):
     return found
 
 
+def has_no_bytes(view, tensor):
+    """Whether forward tensor ``tensor`` holds no bytes of its own (a zero-size tensor, or a
+    resource, variant or string handle): swapping it moves nothing, so a request to swap
+    it is kept as it is."""
+    info = view.tensors[tensor]
+    return info.bytes == 0 and not info.persistent
+
+
 def check_decision(view, tensor, decision, *, what="decision"):
     """Raise :class:`InvalidArgumentError` if ``tensor`` cannot take ``decision``."""
     if not view.is_forward_tensor(tensor):
@@ -164,9 +172,11 @@ def check_decision(view, tensor, decision, *, what="decision"):
         raise errors.InvalidArgumentError(
             f"{what} {decision.value!r} for {tensor!r} cannot be honoured: {op.reason}")
     if decision == Decision.SWAP and (info.persistent or not info.bytes):
+        why = ("aliases memory held across steps" if info.persistent else
+               "has no bytes to move" if info.bytes == 0 else
+               "has an unknown size (pass batch_size= or give it a static shape)")
         raise errors.InvalidArgumentError(
-            f"{what} {decision.value!r} for {tensor!r} cannot be honoured: it "
-            f"{'aliases memory held across steps' if info.persistent else 'has no bytes to move'}")
+            f"{what} {decision.value!r} for {tensor!r} cannot be honoured: it {why}")
     if decision != Decision.KEEP and view.value_readers(tensor):
         reason = forced_keep(view).get(tensor)
         if reason:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ome import errors
 from ome.plans import make_plan
-from ome.schedule import Decision, check_decision, forced_keep
+from ome.schedule import Decision, check_decision, forced_keep, has_no_bytes
 
 # OpenAI's library ignored tensors this small (elements) when looking for bottlenecks.
 MIN_CHECKPOINT_ELEMENTS = 1024
@@ -78,6 +78,11 @@ def apply_pins(view, decisions, reasons, pins):
         if decision is None:
             raise errors.InvalidArgumentError(
                 f"pin for {tensor!r} is {value!r}; use one of {sorted(PIN_VALUES)}")
+        if decision == Decision.SWAP and view.is_forward_tensor(tensor) \
+                and has_no_bytes(view, tensor):
+            decisions[tensor], reasons[tensor] = Decision.KEEP, \
+                "pinned 'swap' by the user, kept: no bytes to move"
+            continue
         check_decision(view, tensor, decision, what="pin")
         decisions[tensor], reasons[tensor] = decision, "pinned by the user"
 

@@ -72,28 +72,47 @@ def protect_from_grappler(op):
                  tf.compat.v1.AttrValue(b=True))
 
 
-# (module, attribute) pairs holding the gradients function TensorFlow code calls.
+# (module, attribute, signature) of every name TensorFlow code calls for gradients: "v2" is
+# ``tf.gradients``' signature, "v1" ``tf.compat.v1.gradients``' (which adds
+# ``colocate_gradients_with_ops`` as its fifth parameter).
 GRADIENTS_FUNCTIONS = (
-    ("tensorflow", "gradients"),
-    ("tensorflow.compat.v1", "gradients"),
-    ("tensorflow.python.ops.gradients", "gradients"),
-    ("tensorflow.python.ops.gradients_impl", "gradients"),
+    ("tensorflow", "gradients", "v2"),
+    ("tensorflow.compat.v2", "gradients", "v2"),
+    ("tensorflow.compat.v1", "gradients", "v1"),
+    ("tensorflow.python.ops.gradients", "gradients", "v1"),
+    ("tensorflow.python.ops.gradients_impl", "gradients", "v1"),
 )
 
+# TensorFlow's own gradient functions, bound when this module is first imported, which is
+# before any ome.patch can replace them (ome.patch imports this module): ome builds its
+# backward passes with these, so a patch never routes ome into itself.
+TF_GRADIENTS = tf.gradients
+TF_GRADIENTS_V1 = tf.compat.v1.gradients
 
-def replace_gradients_function(replacement):
-    """Point every name in ``GRADIENTS_FUNCTIONS`` at ``replacement``; returns what to restore."""
+
+def replace_gradients_function(v2_replacement, v1_replacement):
+    """Point every name in ``GRADIENTS_FUNCTIONS`` at the replacement of its signature;
+    returns what to restore."""
+    replacements = {"v2": v2_replacement, "v1": v1_replacement}
     saved = []
-    for module_name, attr in GRADIENTS_FUNCTIONS:
+    for module_name, attr, signature in GRADIENTS_FUNCTIONS:
         module = importlib.import_module(module_name)
-        saved.append((module, attr, getattr(module, attr)))
+        saved.append((module, attr, getattr(module, attr), replacements[signature]))
+    for module, attr, _, replacement in saved:
         setattr(module, attr, replacement)
     return saved
 
 
 def restore_functions(saved):
-    """Undo :func:`replace_gradients_function`."""
-    for module, attr, original in saved:
+    """Undo :func:`replace_gradients_function`. Raises ``RuntimeError`` (nothing restored)
+    when a name no longer holds the replacement it was given: a later replacement is still
+    in place, so restoring now would drop it."""
+    for module, attr, _, replacement in saved:
+        if getattr(module, attr) is not replacement:
+            raise RuntimeError(
+                f"{module.__name__}.{attr} was replaced again after this patch started; "
+                "stop patches in the reverse order of starting them")
+    for module, attr, original, _ in saved:
         setattr(module, attr, original)
 
 

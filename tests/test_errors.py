@@ -212,19 +212,29 @@ def test_a_gradient_function_of_the_graphs_own_is_planned_on_the_graph(graph, ho
     assert len(graph.get_operations()) > before  # the backward pass it planned on
 
 
-def test_unknown_batch_dimension_without_batch_size(graph):
+def test_sizes_planning_cannot_know_are_refused(graph):
+    # An unknown batch dimension is planned at a stand-in (tests/test_unknown_sizes.py),
+    # except for a budget, which needs its real bytes; other unknown dimensions are refused.
     x = tf.compat.v1.placeholder(tf.float32, [None, 64])
     h = x
     for _ in range(5):
         h = tf.tanh(h)
     y = tf.reduce_sum(h)
     raises_unchanged(graph, errors.InvalidArgumentError, "batch_size=",
-                     lambda: ome.gradients([y], [x]))
-    grads = ome.gradients([y], [x], batch_size=16)  # the hint resolves it
+                     lambda: ome.gradients([y], [x], memory_budget="1MiB"))
+    ragged = tf.compat.v1.placeholder(tf.float32, [16, None])
+    h = ragged
+    for _ in range(5):
+        h = tf.tanh(h)
+    total = tf.reduce_sum(h)
+    raises_unchanged(graph, errors.InvalidArgumentError, "static shapes",
+                     lambda: ome.gradients([total], [ragged]))
+    grads = ome.gradients([y], [x], memory_budget="1MiB", batch_size=16)  # the hint resolves it
     with tf.compat.v1.Session() as sess:
         value = np.random.RandomState(0).randn(16, 64).astype(np.float32)
         np.testing.assert_allclose(sess.run(grads[0], {x: value}),
-                                   sess.run(tf.gradients(y, x)[0], {x: value}), rtol=1e-5, atol=1e-6)
+                                   sess.run(tf.gradients(y, x)[0], {x: value}), rtol=1e-5,
+                                   atol=1e-6)
 
 
 def test_unknown_checkpoint_mode(graph):

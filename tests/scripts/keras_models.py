@@ -120,16 +120,33 @@ check_one_step("batchnorm dropout cnn", cnn,
 check_three_epochs()
 
 
+# Float16 keeps 11 significand bits, so one rounding moves a value by up to 2**-11 of it.
+# Where a CPU runs float16 kernels natively (AVX512_FP16 / AMX with oneDNN), TensorFlow's
+# remapper fuses a Dense layer's MatMul, BiasAdd and activation into one kernel that rounds
+# once, while ome's recomputed copy of the layer may run them apart and round after each:
+# the copies then differ from the originals by float16 roundings, which the 7 layers
+# compound forward and backward. On CPUs without native float16 (AVX2), Eigen computes
+# both in float32 and they agree exactly. What holds everywhere is agreement to float16's
+# precision, compounded: each step's update within 2**-6 of the variable's largest update.
+FLOAT16_UPDATE_TOLERANCE = 2.0 ** -6
+
+
 def check_mixed_precision():
-    """mixed_float16: compile wraps the optimizer in a LossScaleOptimizer; 3 steps agree."""
+    """mixed_float16: compile wraps the optimizer in a LossScaleOptimizer; 3 SGD steps agree
+    to float16's precision. SGD, whose update is the gradient scaled: Adam divides each
+    gradient by its own running size, so where a gradient is near zero a float16 rounding
+    changes its update by as much as the learning rate, whatever the gradients' accuracy."""
     def make():
         model = keras.Sequential([keras.Input((32,))] + [
             layers.Dense(64, activation="tanh") for _ in range(6)] + [
             layers.Dense(3, dtype="float32")])
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
         return model
 
+    starts = []
+
     def fit(model):
+        starts.append([w.numpy() for w in model.trainable_weights])
         return model.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0).history
 
     x, y = rng.randn(384, 32).astype("float32"), rng.randn(384, 3).astype("float32")
@@ -140,9 +157,19 @@ def check_mixed_precision():
         keras.mixed_precision.set_global_policy("float32")
     assert isinstance(wrapped.optimizer, keras.optimizers.LossScaleOptimizer)
     assert wrapped.layers[0].compute_dtype == "float16"
-    np.testing.assert_allclose(ome_history["loss"], history["loss"], rtol=1e-4)
-    assert_same_weights(plain, wrapped, rtol=1e-3, atol=1e-5)
-    print(f"OK mixed precision: {assert_ome_rewrote(wrapped)}")
+    np.testing.assert_allclose(ome_history["loss"], history["loss"], rtol=1e-3)
+    worst = 0.0
+    for start, ome_start, a, b in zip(starts[0], starts[1], plain.trainable_weights,
+                                      wrapped.trainable_weights, strict=True):
+        np.testing.assert_array_equal(ome_start, start)  # the twins start alike
+        plain_update, ome_update = a.numpy() - start, b.numpy() - start
+        largest = np.abs(plain_update).max()
+        assert largest > 0, a.path
+        worst = max(worst, np.abs(ome_update - plain_update).max() / largest)
+        np.testing.assert_allclose(ome_update, plain_update, rtol=0,
+                                   atol=FLOAT16_UPDATE_TOLERANCE * largest, err_msg=a.path)
+    print(f"OK mixed precision: {assert_ome_rewrote(wrapped)}; updates within "
+          f"{worst:.2e} of each variable's largest")
 
 
 check_mixed_precision()
