@@ -32,16 +32,19 @@ def _dtype_size(dtype):
         return 0
 
 
-def shape_and_bytes(tensor, batch_size):
+def shape_and_bytes(tensor, batch_size, *, every_dimension=True):
     """Static shape (None when the rank is unknown) and bytes (None when a size is unknown)
-    of ``tensor``; an unknown leading dimension is read as ``batch_size`` when given."""
+    of ``tensor``, unknown dimensions read as ``batch_size`` when given: every one
+    (``every_dimension``), or the leading one alone. In a forward pass whose weights have
+    static shapes, shape inference leaves a dimension unknown where it comes from the
+    batch (an input's leading one, moved by a transpose or reshape); the backward pass's
+    dynamic shapes (tiles, broadcasts) leave others unknown that are not the batch."""
     if tensor.shape.rank is None:
         return None, None
     dims = tuple(tensor.shape.as_list())
-    resolved = list(dims)
-    if resolved and resolved[0] is None and batch_size is not None:
-        resolved[0] = batch_size
-    if any(d is None for d in resolved):
+    resolved = [batch_size if d is None and (every_dimension or i == 0) else d
+                for i, d in enumerate(dims)]
+    if None in resolved:
         return dims, None
     return dims, math.prod(resolved) * _dtype_size(tensor.dtype)
 
@@ -155,7 +158,7 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
     seeds : the ops making the gradients backprop starts from (``rewrite.gradient_seeds``).
     backward_ops : the ops ``tf.gradients`` created.
     grads : its result (entries may be None or ``IndexedSlices``).
-    batch_size : resolves an unknown leading dimension when computing bytes.
+    batch_size : what an unknown dimension is read as when computing bytes.
     """
     backward = set(backward_ops)
     forward = _forward_ops(ys, backward)
@@ -171,7 +174,7 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
             device=op.device, cost=estimate_cost(op), backward=is_backward,
             recomputable=ok, reason=why, in_tf1_frame=tfprivate.in_v1_control_flow(op))
         for t in op.outputs:
-            shape, size = shape_and_bytes(t, batch_size)
+            shape, size = shape_and_bytes(t, batch_size, every_dimension=not is_backward)
             tensors[t.name] = TensorInfo(
                 name=t.name, op=op.name, shape=shape, dtype=t.dtype.name, bytes=size,
                 is_float=t.dtype.is_floating, persistent=_is_persistent(op))

@@ -207,16 +207,31 @@ def _replicas_in_sync():
 
 
 def _has_unknown_sizes(forward, batch_size):
-    """Whether a float tensor of the ``forward`` ops has a size planning cannot know, an
-    unknown leading dimension read as ``batch_size``."""
+    """Whether a float tensor of the ``forward`` ops has a size planning cannot know,
+    unknown dimensions read as ``batch_size``."""
     return any(t.dtype.is_floating and capture_mod.shape_and_bytes(t, batch_size)[1] is None
                for op in forward for t in op.outputs)
+
+
+def _check_budget_sizes(options, forward):
+    """Refuse a budget, before the graph is touched, where a tensor's bytes are unknown
+    (an unknown batch dimension and no ``batch_size``) and no measured size stands in."""
+    if options.budget is None or options.sizing_batch is not None:
+        return
+    for op in forward:
+        for t in op.outputs:
+            if t.dtype.is_floating and capture_mod.shape_and_bytes(t, None)[1] is None \
+                    and t.name not in options.model.output_bytes:
+                raise errors.InvalidArgumentError(
+                    f"memory_budget needs every tensor's bytes, and the size of {t.name!r} "
+                    f"(shape {t.shape}) is unknown: pass batch_size= to resolve an unknown "
+                    "batch dimension, or give tensors static shapes")
 
 
 def _log_assumed_batch(options, forward):
     """Say when the plan's sizes stand an unknown batch dimension in by ASSUMED_BATCH."""
     if options.batch_size is None and options.sizing_batch is not None and any(
-            t.dtype.is_floating and t.shape.rank and t.shape[0] is None
+            t.dtype.is_floating and t.shape.rank and not t.shape.is_fully_defined()
             for op in forward for t in op.outputs):
         log.info("the batch dimension is unknown: planned with it as %d (the plan weighs "
                  "tensors against each other; pass batch_size= for its predicted bytes)",
@@ -466,8 +481,9 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
         where it predicts no higher peak and no more added time, one of them less
         (``planner.lowest_at_no_more_time``).
     pin : ``{tensor: "keep" | "recompute" | "swap"}``: decisions every policy honours.
-    batch_size : resolves an unknown batch dimension. Needed only with ``memory_budget``;
-        otherwise an unknown batch dimension is planned as :data:`ASSUMED_BATCH`.
+    batch_size : the batch, which every dimension shape inference leaves unknown is read
+        as. Needed only with ``memory_budget``; otherwise unknown dimensions are planned as
+        :data:`ASSUMED_BATCH` (a plan weighs tensors against each other).
     swap : False, "auto" (with ``cost_model``: the optimal planner keeps, recomputes or
         swaps each tensor for a lower peak than ``checkpoints``' plan at no more added
         time, where one exists; without it nothing is swapped), or a list of forward
@@ -512,6 +528,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     # A copy of a tf.function graph loses captured variables' shapes (their handles become
     # plain placeholders), so there the plan is made on the graph itself.
     forward = capture_mod.upstream_ops(ys)
+    _check_budget_sizes(options, forward)
     _log_assumed_batch(options, forward)
     planned = None
     if options.can_fail(forward) and not _uncopyable(forward) \

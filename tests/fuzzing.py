@@ -187,6 +187,11 @@ DOCUMENTED_LIMITS = [
     Limit("budget", r"cannot fit", "budget below the smallest reachable peak"),
     Limit("tf1-budget", r"cannot fit", "budget below the smallest reachable peak"),
     Limit("memory", r"no bottleneck", "no single-tensor bottleneck"),
+    # a budget is in bytes, so an unknown batch dimension needs batch_size= (README, Limits)
+    Limit("budget", r"memory_budget needs every tensor's bytes.*pass batch_size=",
+          "budget with an unknown batch dimension"),
+    Limit("tf1-budget", r"memory_budget needs every tensor's bytes.*pass batch_size=",
+          "budget with an unknown batch dimension"),
     # Stateful ops are never recomputed (README, Limits); Identity is not stateful.
     Limit("pin", r"cannot be honoured: (?!Identity\b)\w+ is stateful",
           "recompute pinned on a stateful op's output"),

@@ -17,7 +17,7 @@ products of activations) are only drawn for inputs of small magnitude.
 import math
 import random
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -43,6 +43,9 @@ _DATA = "data({p[shape]}, {p[seed]}, {p[dtype]!r}, {p[scale]})"
 TEMPLATES = {
     "placeholder": ("{out} = tf.compat.v1.placeholder(tf.{p[dtype]}, {p[shape]}, name={out!r})\n"
                     "feed[{out}] = " + _DATA),
+    # the commonest TF1 input: a placeholder whose batch dimension is left unknown
+    "placeholder_any_batch": ("{out} = tf.compat.v1.placeholder(tf.{p[dtype]}, (None,) + "
+                              "{p[shape]}[1:], name={out!r})\nfeed[{out}] = " + _DATA),
     "resource_var": ("{out} = tf.compat.v1.get_variable({out!r}, initializer=" + _DATA
                      + ", use_resource=True)"),
     "ref_var": "{out} = tf.compat.v1.Variable(" + _DATA + ", name={out!r}, use_resource=False)",
@@ -66,7 +69,7 @@ TEMPLATES = {
     "batch_norm": "{out} = tf.compat.v1.nn.fused_batch_norm({0}, {1}, {2}, is_training=True)[0]",
     "top_k": "{out} = tf.math.top_k({0}, {p[k]}).values",
     "split": "{outs} = tf.split({0}, {p[parts]}, axis={p[axis]})",
-    "unstack": "{outs} = tf.unstack({0}, axis={p[axis]})",
+    "unstack": "{outs} = tf.unstack({0}, num={p[num]}, axis={p[axis]})",
     "concat": "{out} = tf.concat([{ins}], axis={p[axis]})",
     "stack": "{out} = tf.stack([{ins}], axis={p[axis]})",
     "gather": "{out} = tf.gather({0}, indices({p[count]}, {p[limit]}, {p[seed]}), axis={p[axis]})",
@@ -558,7 +561,8 @@ def _unstack(b):
     v = b.values[x]
     axis = b.ch.choice([a for a, d in enumerate(v.shape) if 2 <= d <= 4])
     shape = v.shape[:axis] + v.shape[axis + 1:]
-    b.add("unstack", [x], [Value(shape, v.dtype, v.scale)] * v.shape[axis], axis=axis)
+    b.add("unstack", [x], [Value(shape, v.dtype, v.scale)] * v.shape[axis], axis=axis,
+          num=v.shape[axis])
     return True
 
 
@@ -853,7 +857,16 @@ def draw_program(chooser, size=16, seed=None):
     grad_ys = _grad_ys(b, ys)
     xs = _xs(b, ys, exclude=set(g for g in grad_ys or () if g is not None))
     _integer_y(b, ys, grad_ys)  # drawn last: the programs without one stay as they were
+    _unknown_batches(b)  # after it, for the same reason
     return Program(b.values, b.ops, ys, xs, grad_ys, _interior(b, ys, xs), seed=seed)
+
+
+def _unknown_batches(b):
+    """Declare some placeholders' batch (leading) dimension unknown, as TF1 inputs
+    commonly are; their fed values keep it."""
+    for i, op in enumerate(b.ops):
+        if op.family == "placeholder" and op.params["shape"] and b.ch.chance(40):
+            b.ops[i] = replace(op, family="placeholder_any_batch")
 
 
 def _integer_y(b, ys, grad_ys):

@@ -213,8 +213,8 @@ def test_a_gradient_function_of_the_graphs_own_is_planned_on_the_graph(graph, ho
 
 
 def test_sizes_planning_cannot_know_are_refused(graph):
-    # An unknown batch dimension is planned at a stand-in (tests/test_unknown_sizes.py),
-    # except for a budget, which needs its real bytes; other unknown dimensions are refused.
+    # Unknown dimensions are planned at a stand-in (tests/test_unknown_sizes.py), except
+    # for a budget, which needs real bytes; a tensor of unknown rank has no size at all.
     x = tf.compat.v1.placeholder(tf.float32, [None, 64])
     h = x
     for _ in range(5):
@@ -222,7 +222,7 @@ def test_sizes_planning_cannot_know_are_refused(graph):
     y = tf.reduce_sum(h)
     raises_unchanged(graph, errors.InvalidArgumentError, "batch_size=",
                      lambda: ome.gradients([y], [x], memory_budget="1MiB"))
-    ragged = tf.compat.v1.placeholder(tf.float32, [16, None])
+    ragged = tf.compat.v1.placeholder(tf.float32, None)  # unknown rank
     h = ragged
     for _ in range(5):
         h = tf.tanh(h)
