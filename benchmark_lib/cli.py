@@ -145,7 +145,7 @@ def make_parser(modes):
                    help="let the emulated accelerator's allocator grow from regions of 2 MiB, "
                         "as the CPU's does (and a GPU's with memory growth on), instead of "
                         "one region reserved at the start, as a GPU's allocator has by "
-                        "default; figures measured before 2026-11-29 15:30 were measured so")
+                        "default")
     existing = p.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", default=None,
                           help="keep the rows in --out and skip the runs they finished")

@@ -37,8 +37,8 @@ class Preset:
 
 
 #: The default sweep: two ResNet depths and InceptionV4, every strategy but Grappler's three
-#: modes, which measured within their spread of plain TensorFlow in every sweep (docs/RESULTS.md)
-#: and made the sweep 12.4 min on a slow machine; ResNet-101 made it 14. Batch 16 at 112x112
+#: modes, which measured within their spread of plain TensorFlow in every sweep and make the
+#: sweep longer by a quarter; ResNet-101 would too. Batch 16 at 112x112
 #: makes activations, not weights, most of the memory (at batch 4, 64x64 weights are 85-95%
 #: of max_mem and the strategies cannot be told apart). Three jobs: memory runs do not need
 #: the cores alone, only the rounds timing steps do.

@@ -3,8 +3,12 @@ TensorFlow."""
 import datetime
 import os
 import platform
+import shlex
+import subprocess
+import sys
 
-__all__ = ["ROOT", "machine_info", "tensorflow_version", "worker_env", "now"]
+__all__ = ["ROOT", "machine_info", "tensorflow_version", "worker_env", "now", "command_line",
+           "source_commit"]
 
 #: The project root: the folder holding ``benchmark_lib``, put on the workers' path.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,3 +69,32 @@ def worker_env():
 def now():
     """The current UTC time, to the second, in ISO 8601."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def command_line(argv=None):
+    """The command that was run, as a user would type it: ``python benchmark.py --models ...``
+    (``argv``: default ``sys.argv``; a module run with ``-m`` is named by its module)."""
+    argv = list(sys.argv if argv is None else argv)
+    program = argv[0] if argv else "benchmark.py"
+    path = os.path.abspath(program)
+    if path.startswith(ROOT + os.sep) and not program.endswith("benchmark.py"):
+        module = os.path.relpath(path, ROOT)[:-len(".py")].replace(os.sep, ".")
+        head = ["python", "-m", module[:-len(".__main__")] if module.endswith(".__main__")
+                else module]
+    else:
+        head = ["python", os.path.basename(program)]
+    return shlex.join(head + argv[1:])
+
+
+def source_commit():
+    """The project's git commit (12 hex digits), with ``+changes`` when tracked files
+    differ from it; None outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+changes" if changed else "")

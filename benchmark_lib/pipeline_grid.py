@@ -5,7 +5,7 @@
 Reproduces, on this CPU, the grid of a published GPipe experiment log (a GPT-2 variant of
 89,762,304 parameters, batch 64, K in {1, 2, 4}, M up to 64, on GPUs; see
 docs/PIPELINE.md): K in {1, 2, 4} x M in {1, 2, 4, 8, 16, 32} x checkpointing off/on, 36
-configurations in 14 minutes on two cores (measured 2026-11-23). The model is scaled down
+configurations in about 14 minutes on two cores. The model is scaled down
 so that the grid fits (default: 3 blocks, hidden 128, 4 heads, sequence 32, vocabulary
 512, 1,024 positions as GPT-2 has: 791,680 parameters; batch 32, so at M = 32 each
 micro-batch is one sample, as at the published M = 64 of batch 64). Graph building and
@@ -26,7 +26,7 @@ and as many timed forward-only steps (medians; every step time is in the CSV), a
 traced step that splits memory per device (:func:`ome.pipeline.measure_pipeline`). The K
 logical CPU devices must exist before TensorFlow initialises, so this module configures
 them itself before importing it: run it as its own process. Progress goes to stderr, two
-lines per configuration; at the end the issue's claims are checked on the measured rows
+lines per configuration; at the end the grid's claims are checked on the measured rows
 (:func:`claims`) and printed.
 
 Writes ``pipeline.csv``, ``pipeline.json``, ``pipeline.md`` (measured beside published, and
@@ -104,7 +104,7 @@ _COLUMNS = ("K", "M", "checkpoint", "batch", "balance", "parameter_bytes",
             "max_per_device_bytes", "allocator_peak_bytes", "copied_ops", "build_s",
             "step_times_s", "forward_times_s")
 
-#: The issue's thresholds: checkpointed peak activation at the largest M at most this
+#: The grid's thresholds: checkpointed peak activation at the largest M at most this
 #: fraction of the K=1, M=1, off figure; off within this relative band of it; each device's
 #: parameter share within this relative band of 1/K; the whole grid within this many seconds.
 MAX_CHECKPOINTED_RATIO = 0.45
@@ -206,7 +206,7 @@ def _row(result, built, balance):
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """One of the issue's claims checked on measured rows."""
+    """One of the grid's claims checked on measured rows."""
 
     text: str
     passed: bool
@@ -228,7 +228,7 @@ def _series(rows, k, flag):
 
 
 def claims(rows, elapsed_s=None):
-    """The issue's must-show claims on measured ``rows`` (dicts as :meth:`row` gives):
+    """The grid's must-show claims on measured ``rows`` (dicts as :meth:`row` gives):
     a list of :class:`Claim`. A claim whose rows are missing is reported as failed."""
     found = []
     ref = {(r["K"], r["M"], r["checkpoint"]): r for r in rows}.get((1, 1, "off"))

@@ -1,12 +1,16 @@
 """Markdown reports of result rows: the sweep's tables, the largest-batch tables, the header
-saying how and where they were measured, and the warnings about step times within noise."""
+saying how and where they were measured, and the warnings about step times within noise.
+
+``benchmark.py`` writes them into each results folder's ``results.md``; docs/RESULTS.md is
+made of the same tables by :mod:`benchmark_lib.results_doc`."""
 from benchmark_lib.storage import STATUSES, sort_rows
 from benchmark_lib.units import format_mib, format_percent, one_line, plural
 
-__all__ = ["header", "sweep_tables", "sweep_markdown", "max_batch_table", "max_batch_markdown",
-           "noise_warnings", "within_spread", "ratio", "count_statuses", "count_probes"]
+__all__ = ["EXPLAIN_MEMORY", "header", "sweep_tables", "sweep_markdown", "max_batch_table",
+           "max_batch_markdown", "noise_warnings", "within_spread", "ratio", "count_statuses",
+           "count_probes"]
 
-_EXPLAIN_MEMORY = (
+EXPLAIN_MEMORY = (
     "Memory in MiB, time in seconds per step; `×vanilla` columns divide by the vanilla row of "
     "the same model and batch. `max_mem` is the allocator's peak, `memory_cost` is `max_mem` "
     "minus what stays allocated between steps (weights, optimizer slots). In host emulation "
@@ -37,10 +41,15 @@ def within_spread(row, reference):
 
 
 def header(meta, rows):
-    """Lines saying when, on what and how ``rows`` were measured (``meta`` as saved)."""
+    """Lines saying how, when, at which commit, on what and with which settings ``rows``
+    were measured (``meta`` as saved; results written before the command and the commit
+    were recorded say so)."""
     m, config = meta["machine"], meta["config"]
     memory = m.get("memory_bytes")
-    lines = [f"Measured {meta['date']} with TensorFlow {meta.get('tensorflow') or '?'} on "
+    lines = [f"Command: `{meta.get('command') or 'not recorded'}`, at commit "
+             f"{meta.get('commit') or 'not recorded'}.",
+             f"Measured {meta.get('date') or 'on an unrecorded date'} with TensorFlow "
+             f"{meta.get('tensorflow') or '?'} on "
              f"{m.get('processor') or 'an unknown CPU'} ({m.get('cpu_count')} CPUs"
              + (f", {memory / 2**30:.1f} GiB RAM" if memory else "") + f"), {m.get('platform')}, "
              f"Python {m.get('python')}."]
@@ -99,9 +108,10 @@ def _memory_cells(row, ref, column):
     return [format_mib(value), _fmt(ratio(value, getattr(ref, column, None)), ".2f")]
 
 
-def sweep_tables(rows, model_order=(), strategy_order=()):
-    """Markdown lines: per model, batch and image size, each strategy's memory and time,
-    absolute and as ratios to ``vanilla`` of the same group (— where vanilla did not run)."""
+def sweep_tables(rows, model_order=(), strategy_order=(), level=2):
+    """Markdown lines: per model, batch and image size (a heading of ``level``), each
+    strategy's memory and time, absolute and as ratios to ``vanilla`` of the same group
+    (— where vanilla did not run)."""
     columns = ["strategy", "status", "device peak MiB", "×vanilla", "memory_cost MiB",
                "×vanilla", "max_mem MiB", "×vanilla", "step s", "IQR", "×vanilla", "images/s"]
     lines = []
@@ -120,7 +130,8 @@ def sweep_tables(rows, model_order=(), strategy_order=()):
                           time_ratio, _fmt(r.images_per_s if r.ok else None, ".1f")])
             if not r.ok and r.reason:
                 notes.append(f"- {r.strategy}: {r.status}: {one_line(r.reason)}")
-        lines += [f"## {model}, batch {batch}, image {image}x{image}", ""] + _table(columns, table)
+        lines += [f"{'#' * level} {model}, batch {batch}, image {image}x{image}", ""]
+        lines += _table(columns, table)
         if noisy:
             notes.append(_EXPLAIN_NOISE)
         lines += ([""] + notes if notes else []) + [""]
@@ -129,7 +140,7 @@ def sweep_tables(rows, model_order=(), strategy_order=()):
 
 def sweep_markdown(rows, meta, model_order=(), strategy_order=()):
     """The sweep's ``results.md``: title, :func:`header`, explanation, :func:`sweep_tables`."""
-    lines = ["# Benchmark results", ""] + header(meta, rows) + ["", _EXPLAIN_MEMORY, ""]
+    lines = ["# Benchmark results", ""] + header(meta, rows) + ["", EXPLAIN_MEMORY, ""]
     lines += sweep_tables(rows, model_order, strategy_order)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -170,8 +181,9 @@ def count_probes(rows, budget):
             f"largest batch from both sides), {plural(outcomes.count('error'), 'error')}")
 
 
-def max_batch_table(summaries):
-    """Markdown lines in the shape of the thesis's "largest batch" table, per model.
+def max_batch_table(summaries, level=2):
+    """Markdown lines in the shape of the thesis's "largest batch" table, per model (a
+    heading of ``level``).
 
     The ratio column divides by vanilla's largest batch of that model.
     """
@@ -182,7 +194,8 @@ def max_batch_table(summaries):
     for model, items in by_model.items():
         ref = next((s.max_batch for s in items if s.strategy == "vanilla"), None)
         first = items[0]
-        lines += [f"## Largest batch, {model}, budget {format_mib(first.budget_bytes)} MiB "
+        lines += [f"{'#' * level} Largest batch, {model}, budget "
+                  f"{format_mib(first.budget_bytes)} MiB "
                   f"(image {first.image_size}x{first.image_size})", ""]
         table, notes = [], []
         for s in items:

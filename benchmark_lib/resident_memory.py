@@ -5,7 +5,7 @@ Grappler's constant folding on (TensorFlow's default) or off; the allocator's by
 after the initializer and after each step. With momentum and folding on, the first update
 finds the slot sharing its buffer with a constant the session's cached initializer run
 still holds, copies the slot (copy-on-write), and the constant stays: one extra copy of
-every constant-initialized slot for the life of the session (docs/RESULTS.md).
+every constant-initialized slot for the life of the session.
 
 Run ``python -m benchmark_lib.resident_memory`` (a few seconds).
 """

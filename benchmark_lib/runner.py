@@ -13,7 +13,8 @@ import threading
 import time
 
 from benchmark_lib.config import ConfigError, RunKey
-from benchmark_lib.environment import machine_info, now, tensorflow_version
+from benchmark_lib.environment import (command_line, machine_info, now, source_commit,
+                                       tensorflow_version)
 from benchmark_lib.pool import WorkerFailed
 from benchmark_lib.progress import Estimator
 from benchmark_lib.protocol import ParamsSpec, is_echoed
@@ -64,6 +65,8 @@ class Runner:
                 self.estimator.add(key, self.rows[key].image_size, facts["wall_s"], earlier=True)
         self._machine = machine_info()
         self._tensorflow = tensorflow_version()
+        self._command = command_line()
+        self._commit = source_commit()
         self._lock = threading.Lock()
 
     def done(self, key):
@@ -166,8 +169,10 @@ class Runner:
         return sort_rows(rows, self.config.models, self.config.strategies)
 
     def meta(self):
-        """How and where the rows were measured, as saved in ``results.json``."""
-        return {"date": now(), "machine": self._machine, "tensorflow": self._tensorflow,
+        """How and where the rows were measured, as saved in ``results.json``: the date, the
+        command line, the project's commit, the machine, TensorFlow's version, the settings."""
+        return {"date": now(), "command": self._command, "commit": self._commit,
+                "machine": self._machine, "tensorflow": self._tensorflow,
                 "settings": self.config.settings(), "config": self.config.to_dict()}
 
     def save(self):

@@ -18,7 +18,7 @@ from benchmark_lib.config import RESULTS_FORMAT, RunKey
 from benchmark_lib.protocol import json_safe
 
 __all__ = ["Row", "COLUMNS", "STATUSES", "FINISHED", "MaxBatchResult", "Stored", "ResultsFolder",
-           "FolderError", "write_csv", "sort_rows"]
+           "FolderError", "write_csv", "sort_rows", "read_rows"]
 
 STATUSES = ("ok", "oom", "error")
 #: Statuses of a run that needs no measuring again: it ran, or it did not fit.
@@ -211,14 +211,8 @@ class ResultsFolder:
                               f"was measured, cannot be read ({exc})") from None
         if settings.get("format") != RESULTS_FORMAT:
             return Stored(settings, doc.get("date"), len(raw))
-        try:
-            rows = [Row.from_dict({k: v for k, v in r.items() if k != "details"}) for r in raw]
-            summaries = tuple(MaxBatchResult.from_dict(s) for s in doc.get("max_batch", ()))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FolderError(f"{self.json_path} has rows this benchmark cannot read "
-                              f"({exc})") from None
-        details = {row.key: r.get("details") or {} for row, r in zip(rows, raw)}
-        return Stored(settings, doc.get("date"), len(rows), tuple(rows), details, summaries)
+        rows, details, summaries = read_rows(doc, self.json_path)
+        return Stored(settings, doc.get("date"), len(rows), rows, details, summaries)
 
     def save(self, *, meta, rows: List[Row], details, max_batch=()):
         """Write ``results.csv`` and ``results.json`` (``meta``: date, machine, settings...)."""
@@ -232,6 +226,21 @@ class ResultsFolder:
     def write_report(self, text):
         """Write ``results.md``."""
         _atomic_write(self.md_path, text)
+
+
+def read_rows(doc, where="results.json"):
+    """``(rows, details, max_batch)`` of a parsed ``results.json`` ``doc``: its :class:`Row`
+    and :class:`MaxBatchResult` tuples and each row's details by key. Raises
+    :class:`FolderError` naming ``where`` when they cannot be read."""
+    try:
+        raw = list(doc["rows"])
+        rows = tuple(Row.from_dict({k: v for k, v in r.items() if k != "details"})
+                     for r in raw)
+        summaries = tuple(MaxBatchResult.from_dict(s) for s in doc.get("max_batch", ()))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FolderError(f"{where} has rows this benchmark cannot read ({exc})") from None
+    details = {row.key: r.get("details") or {} for row, r in zip(rows, raw)}
+    return rows, details, summaries
 
 
 def _atomic_write(path, text):

@@ -37,19 +37,17 @@ BASELINES = ("vanilla", "openai", "openai-speed", "lms", "ome", "ome-speed", "om
              "ome-swap", "ome-optimal-swap")
 #: Budgets, as fractions of plain backprop's measured device peak (``--fractions``).
 FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
-#: The fewest rounds every run is timed in again, side by side in one process (step times
-#: of separate processes move by up to a quarter on these machines, more than a plan adds):
-#: a plan adds 0.02-0.5 s to a 0.65-1.7 s ResNet-50 step whose steps spread by 5-15% in
-#: rounds, so even 45 rounds left a budget plan's added seconds uncertain by a third
-#: (2026-11-27); the table prints each one's interval.
+#: The fewest rounds every run is timed in again, side by side in one process: step times
+#: of separate processes move between processes by more than a plan adds to a step, and
+#: a plan's added seconds are a small share of a step whose steps spread from round to
+#: round, so the table prints each one's interval (the figures are in docs/, not here).
 ROUNDS_STEPS = 30
 #: ome's frontier: the optimal planner's points, i.e. every budget, these strategies, and
 #: plain backprop (what ``memory_budget=`` builds when plain fits the budget).
 FRONTIER_STRATEGIES = ("vanilla", "ome-optimal", "ome-optimal-swap")
 #: A run within this share of plain backprop's device peak of a frontier point is at the
-#: same memory: the `memory_cost` of one strategy moved by 20 MiB (102-122 MiB, ome on
-#: ResNet-50; 2% of plain's peak is 13 MiB) between five fresh processes
-#: (`--interleaved`, 2026-11-27).
+#: same memory: one strategy's `memory_cost` moves between fresh processes by more than
+#: this (`--interleaved` measures by how much; figures live in docs/).
 MEMORY_NOISE = 0.02
 OUT = "results/frontier"
 

@@ -16,9 +16,8 @@ table gives each repetition's figures, their medians and ranges, and for every t
 strategies after the first, in how many repetitions one needed less memory than the
 other and at what time, then the same less each peak's chunk waste (the bytes of the
 allocator's chunks beyond what their tensors asked for, read from its records): the waste
-follows the order chunks were freed and reused in, not the plan: ome's default's peak on
-ResNet-50 held 15.5-37.4 MiB of it in three processes (2026-11-30), OpenAI's 3.0-44.1,
-while the two plans' simulated peaks differ by 15.
+follows the order chunks were freed and reused in, not the plan, and it can vary between
+processes by more than two plans' simulated peaks differ.
 As in ``--frontier``, each worker profiles the plain step first and strategies that take a
 cost model get it (ome's, as a user who profiles would run them; OpenAI's choice ignores
 it).
@@ -112,9 +111,8 @@ def _compare(pool, config, model, batch, processes):
 def _memory_spec(config, model, strategy, batch):
     """The worker spec of a memory run: the peak over as many steps as the rounds time
     (``--steps``; the sweep's memory runs take one), as ``--frontier``'s runs measure it:
-    plain backprop's peak moves from step to step with the order its updates run in
-    (ResNet-50, 2026-11-29: 627-654 MiB over one step in three processes, 663-683 over
-    five in five)."""
+    plain backprop's peak moves from step to step with the order its updates run in, so
+    the most of several steps is steadier than one."""
     return dataclasses.replace(config.spec(RunKey(model, strategy, batch)), steps=config.steps)
 
 

@@ -4,8 +4,8 @@ Memory is measured in a fresh worker per run (one timed step after the warm-up),
 step times of a model and batch in one more worker, which builds all its strategies and
 times them in rounds, one step of each in turn (see ``BenchConfig.timing``): the speed of a
 process here varies more between processes than between its own steps, so ratios of
-strategies timed in separate processes moved by up to 25% between two sweeps, and by 1-2%
-between processes timing them together (docs/RESULTS.md).
+strategies timed in separate processes move between sweeps far more than those of
+strategies timed together.
 """
 import os
 import sys
