@@ -215,12 +215,15 @@ def _has_unknown_sizes(forward, batch_size):
 
 def _check_budget_sizes(options, forward):
     """Refuse a budget, before the graph is touched, where a tensor's bytes are unknown
-    (an unknown batch dimension and no ``batch_size``) and no measured size stands in."""
+    (a dimension shape inference left unknown, and no ``batch_size``) and no measured size
+    stands in."""
     if options.budget is None or options.sizing_batch is not None:
         return
     for op in forward:
         for t in op.outputs:
-            if t.dtype.is_floating and capture_mod.shape_and_bytes(t, None)[1] is None \
+            # a tensor of unknown rank (a kernel's workspace output) is never sized
+            if t.dtype.is_floating and t.shape.rank is not None \
+                    and not t.shape.is_fully_defined() \
                     and t.name not in options.model.output_bytes:
                 raise errors.InvalidArgumentError(
                     f"memory_budget needs every tensor's bytes, and the size of {t.name!r} "

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import baselines
 import models
+import ome
 from ome import errors, planner
 from ome.costs import CostModel
 from ome.host import session_config
@@ -37,8 +38,8 @@ GRAPH_STRATEGIES = {
     "ome-optimal": {},
     "ome-optimal-swap": {},
     "ome-speed": {},
-    "ome-budget": {"memory_budget": "1GiB"},
-    "ome-budget-recompute": {"memory_budget": "1GiB"},
+    "ome-budget": {"memory_budget": "placed by _options"},
+    "ome-budget-recompute": {"memory_budget": "placed by _options"},
 }
 CASES = {k: v for k, v in graphs.SMALL_CASES.items() if k != "two_heads"}
 
@@ -135,7 +136,33 @@ def test_tf_recompute_grad_needs_the_model_options(graph):
 # Gradients equal tf.gradients
 # ========================================================================================
 
-@pytest.mark.parametrize("label", sorted(GRAPH_STRATEGIES))
+def _options(label, ys, xs):
+    """``GRAPH_STRATEGIES[label]``, a budget placed halfway from the smallest predicted
+    peak to plain backprop's (so that meeting it needs a rewrite)."""
+    options = dict(GRAPH_STRATEGIES.get(label, {}))
+    if "memory_budget" in options:
+        plain, smallest = (ome.plan(ys, xs, checkpoints=mode).estimates["device_peak"]
+                           for mode in ("none", "optimal"))
+        options["memory_budget"] = planner.smallest_budget((plain + smallest) / 2, 0)
+    return options
+
+
+def _rewrote(built, plain_ops):
+    """Whether a strategy changed backprop: Grappler's modes by their Session config (they
+    rewrite when the Session runs), the others by adding ops beyond ``tf.gradients``'."""
+    if built.info["strategy"].startswith("grappler"):
+        return built.config.graph_options.rewrite_options.memory_optimization != 0
+    return built.info["added_ops"] > plain_ops
+
+
+# ome-speed keeps every matmul output; on these chains recomputing the op after each saves
+# nothing, so it builds plain tf.gradients (as tests/test_gradients.py asserts of "speed")
+NOTHING_TO_DO = {("ome-speed", "mlp"), ("ome-speed", "residual_chain"),
+                 ("ome-speed", "tanh_chain")}
+
+
+# vanilla is tf.gradients itself: it has nothing to compare
+@pytest.mark.parametrize("label", sorted(set(GRAPH_STRATEGIES) - {"vanilla"}))
 @pytest.mark.parametrize("case_name", sorted(CASES))
 def test_gradients_equal_on_test_graphs(graph, case_name, label):
     name = _strategy(label)
@@ -145,10 +172,13 @@ def test_gradients_equal_on_test_graphs(graph, case_name, label):
             tf.compat.v1.add_to_collection("checkpoints", t)
     if name == "openai" and not case.has_bottlenecks:
         pytest.skip("no bottleneck: the refusal is tested in test_openai_refuses_the_unet_where_ome_plans")
-    built = baselines.build(name, case.ys[0], case.xs, **GRAPH_STRATEGIES[label])
+    built = baselines.build(name, case.ys[0], case.xs, **_options(label, case.ys[0], case.xs))
     assert len(built.grads) == len(case.xs)
     assert {"strategy", "checkpoints", "swapped", "rewrite_time", "added_ops"} <= set(built.info)
+    ops_before = len(graph.get_operations())
     expected = tf.gradients(case.ys, case.xs)
+    rewrote = _rewrote(built, len(graph.get_operations()) - ops_before)
+    assert rewrote is ((label, case_name) not in NOTHING_TO_DO), built.info
     with tf.compat.v1.Session(config=session_config(built.config)) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         got, want = sess.run([built.grads, expected], case.feed)
@@ -157,33 +187,38 @@ def test_gradients_equal_on_test_graphs(graph, case_name, label):
 
 @pytest.fixture(scope="module")
 def resnet_reference():
-    """ResNet-18 (32x32, batch 2, 10 classes) with tf.gradients: variable values and grads."""
-    with tf.Graph().as_default():
-        step = models.build_train_step("resnet18", 2, 32, num_classes=10)
+    """ResNet-18 (64x64, batch 8, 10 classes) with tf.gradients: variable values, grads and
+    the step graph's op count."""
+    with tf.Graph().as_default() as plain:
+        step = models.build_train_step("resnet18", 8, 64, num_classes=10)
         with tf.compat.v1.Session() as sess:
             sess.run(step.init_op)
             values = {v.op.name: sess.run(v) for v in step.variables}
             grads = sess.run(list(step.grads), step.feed_dict)
-    return values, grads
+    return values, grads, len(plain.get_operations())
 
 
 @pytest.mark.parametrize("name", [n for n in baselines.STRATEGIES
                                   if n not in baselines.ALIASES and n != "vanilla"])
 def test_gradients_equal_on_resnet18(resnet_reference, name):
-    values, expected = resnet_reference
+    values, expected, plain_ops = resnet_reference
     made = {}
 
     def gradients(ys, xs):
-        made["built"] = baselines.build(name, ys, xs, **GRAPH_STRATEGIES.get(name, {}))
+        made["built"] = baselines.build(name, ys, xs, **_options(name, ys, xs))
         return made["built"].grads
 
-    with tf.Graph().as_default():
-        step = models.build_train_step("resnet18", 2, 32, num_classes=10, gradients=gradients,
+    with tf.Graph().as_default() as rewritten:
+        step = models.build_train_step("resnet18", 8, 64, num_classes=10, gradients=gradients,
                                        **baselines.model_options(name))
+        step_ops = len(rewritten.get_operations())
         with tf.compat.v1.Session(config=session_config(made["built"].config)) as sess:
             sess.run(step.init_op)
             sess.run([v.assign(values[v.op.name]) for v in step.variables])
             got = sess.run(list(step.grads), step.feed_dict)
+    # the same step but for the gradients: more ops where the strategy rewrote backprop
+    assert _rewrote(made["built"], made["built"].info["added_ops"] - (step_ops - plain_ops)), \
+        made["built"].info
     print(name, {k: v for k, v in made["built"].info.items()
                  if k in ("rewrite_time", "added_ops")},
           "checkpoints", len(made["built"].info["checkpoints"]),
