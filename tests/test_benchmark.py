@@ -947,8 +947,7 @@ def test_timed_steps_wait_for_other_workers_building_and_run_alone(tmp_path):
         steps == [("quick builder", "built"), ("slow builder", "built"),
                   ("slow builder", "in"), ("slow builder", "out"),
                   ("quick builder", "in"), ("quick builder", "out")]
-    # the quick builder waited at least for the slow one's building
-    assert next(w for name, what, w in events if name == "quick builder" and what == "in") > 0.3
+    # (the order is the claim; how long a wait took depends on the machine's load)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,8 +53,9 @@ def test_static_parts_are_the_hand_computed_bytes(measured):
 
 
 def test_activations_are_the_rest_of_the_peak(measured):
+    # (the breakdown's total is its peak by construction: activations are what the peak
+    # holds beyond the static parts, so only their range says something)
     assert 0 < measured["activations"] < measured["peak"]
-    assert measured["total"] == measured["peak"]
     assert 0 < measured["memory_cost"] < measured["peak"]
 
 

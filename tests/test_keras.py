@@ -47,8 +47,9 @@ def test_refusals_compile_guard_budget_and_patch_warning():
     assert lines[-1].startswith("OK patch warns once")
 
 
+@pytest.mark.slow  # several minutes: four real architectures built and planned
 def test_real_architectures_and_an_lstm_equal_tf_gradients():
-    # Issue #10 items 8-10 on EfficientNetB0, ResNet50V2, VGG16, LSTM.
+    # EfficientNetB0, ResNet50V2, VGG16 and an LSTM, in the modes users pick for them.
     lines = run_script("keras_applications.py", timeout=900)
     for name in ("EfficientNetB0 speed", "ResNet50V2 speed", "VGG16 speed", "VGG16 memory",
                  "LSTM auto"):

@@ -7,6 +7,7 @@ from ome.plans import Decision
 from tests import graphs
 
 POLICIES = sorted(set(select.POLICIES) - {"none"})
+SPEED_SAVES_NOTHING = {("speed", "mlp"), ("speed", "residual_chain"), ("speed", "tanh_chain")}
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -33,7 +34,13 @@ def test_plan_invariants(graph, name, policy):
     recomputed_saved = {t.tensor for t in plan.tensors
                         if t.decision == Decision.RECOMPUTE and view.value_readers(t.tensor)}
     assert recomputed_saved == set(plan.recomputed)
-    assert simulate.simulate(view, plan).device_peak > 0
+    # the simulator replays the plan: what it recomputes is not held, so a plan that
+    # recomputes predicts a lower peak than keeping everything (plain backprop), but for
+    # "speed" on chains, where each recomputed op's input is kept and the copy adds to it
+    # (ome.gradients then builds plain backprop: tests/test_gradients.py)
+    if plan.recomputed and (policy, name) not in SPEED_SAVES_NOTHING:
+        plain = simulate.simulate(view, select.keep_all(view)).device_peak
+        assert simulate.simulate(view, plan).device_peak < plain
     assert plan == select.POLICIES[policy](view), "policies are deterministic"
 
 
