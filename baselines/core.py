@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from ome import errors
 
-# Bound at import, like ome.rewrite does, so ome.patch (which replaces tf.gradients) never
+# Bound at import, like ome.tf.rewrite does, so ome.patch (which replaces tf.gradients) never
 # turns a baseline into ome.
 tf_gradients = tf.gradients
 

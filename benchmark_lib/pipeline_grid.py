@@ -167,7 +167,7 @@ def _measure_one(tf, pipeline, config, args, stages, micro_batches, checkpoint):
     """Build and measure one configuration in a fresh graph;
     ``(measurement, build s, partition)``."""
     from models import gpt
-    from ome.host import session_config
+    from ome.tf.host import session_config
 
     tokens, targets = gpt.synthetic_tokens(args.batch, config.sequence, config.vocab)
     graph = tf.Graph()

@@ -12,18 +12,20 @@ import time
 
 import tensorflow as tf
 
-from ome import capture as capture_mod
-from ome import (errors, host, optimal, planner, plans, rewrite, select, sizes, tfprivate,
-                 transformer)
-from ome.costs import STATIC, CostModel
-from ome.plans import Plan, make_plan
-from ome.schedule import Decision
+from ome.tf import capture as capture_mod
+from ome import errors
+from ome.core import plans, sizes
+from ome.policies import optimal, planner, select, transformer
+from ome.tf import host, rewrite, tfprivate
+from ome.core.costs import STATIC, CostModel
+from ome.core.plans import Plan, make_plan
+from ome.core.schedule import Decision
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_MODES = ("auto", "optimal", "memory", "speed", "collection", "none", "selective",
                     "full")
-# Transformer policies (ome.transformer): named by the user for their trade, so built as
+# Transformer policies (ome.policies.transformer): named by the user for their trade, so built as
 # asked even where the simulator predicts no lower peak.
 TRANSFORMER_MODES = ("selective", "full")
 _UNCONNECTED = ("none", "zero")
@@ -308,7 +310,7 @@ def _held(view, plan, options, static_bytes):
 
 def _no_worse_than_plain(view, plan, model, static_bytes):
     """``plan``, or plain backprop when the simulator predicts ``plan`` saves less than
-    :data:`ome.planner.MIN_SAVING` of plain's peak: ome never raises memory by its own
+    :data:`ome.policies.planner.MIN_SAVING` of plain's peak: ome never raises memory by its own
     choice, nor rewrites the graph for nothing."""
     if plan.changes_nothing():
         return plan
@@ -357,7 +359,7 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
 
 @tf.autograph.experimental.do_not_convert
 def capture_view(ys, xs, grad_ys=None, *, batch_size=None):
-    """The :class:`ome.graphview.GraphView` of ``tf.gradients(ys, xs, grad_ys)``, captured
+    """The :class:`ome.core.graphview.GraphView` of ``tf.gradients(ys, xs, grad_ys)``, captured
     from a copy of the graph (the graph itself is never touched): what every policy reads."""
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     _refuse_preview(ys, "ome.capture_view")

@@ -6,7 +6,8 @@ Like OpenAI's library, this swaps the function object TensorFlow's own modules l
 """
 import logging
 
-from ome import errors, tfprivate
+from ome import errors
+from ome.tf import tfprivate
 
 log = logging.getLogger(__name__)
 

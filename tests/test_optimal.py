@@ -1,4 +1,4 @@
-"""The optimal planner (ome.optimal) on hand-built views, then on real models.
+"""The optimal planner (ome.policies.optimal) on hand-built views, then on real models.
 
 Hand-built views: every tensor is 1 MiB unless said otherwise; the backward mirrors the
 forward (``TanhGrad`` reads its op's output, a ``MatMul`` gradient reads its input), and
@@ -16,12 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ome import errors, optimal, planner, schedule, select, simulate
-from ome.costs import STATIC, CostModel
-from ome.graphview import build_view
+from ome import errors
+from ome.core import schedule, simulate
+from ome.policies import optimal, planner, select
+from ome.core.costs import STATIC, CostModel
+from ome.core.graphview import build_view
 from tests.test_schedule import resource_variables
-from ome.plans import make_plan
-from ome.schedule import Decision
+from ome.core.plans import make_plan
+from ome.core.schedule import Decision
 
 MiB = 2**20
 HOST = "/device:CPU:1"

@@ -15,7 +15,7 @@ import tensorflow as tf
 from models import gpt
 from ome import pipeline
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError
-from ome.host import session_config
+from ome.tf.host import session_config
 from tests.test_keras import run_script
 
 TINY_GPT = gpt.GPTConfig(layers=2, hidden=32, heads=4, vocab=64, positions=16, sequence=16,

@@ -1,4 +1,4 @@
-"""ome.sizes: the one parser of memory sizes, and the planning modules importing without
+"""ome.core.sizes: the one parser of memory sizes, and the planning modules importing without
 TensorFlow."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from ome import errors
-from ome.sizes import format_bytes, parse_bytes
+from ome.core.sizes import format_bytes, parse_bytes
 
 MiB = 2**20
 
@@ -43,12 +43,13 @@ def test_planning_imports_without_tensorflow_and_the_functions_keep_their_names(
     """The planning modules run without TensorFlow; importing a submodule named like a
     function (``ome.gradients``, ``ome.profile``) leaves ``ome.gradients`` the function."""
     script = (
-        "import sys, ome.planner, ome.optimal, ome.simulate, ome.schedule, ome.sizes\n"
+        "import sys, ome.policies.planner, ome.policies.optimal\n"
+        "import ome.core.simulate, ome.core.schedule, ome.core.sizes\n"
         "print('tf before', 'tensorflow' in sys.modules)\n"
-        "import ome.keras, ome.profile, ome\n"
+        "import ome.keras, ome.tf.profile, ome\n"
         "print(ome.gradients.__module__, ome.profile.__module__, ome.patch.__module__,\n"
         "      ome.plan.__name__, ome.errors.BudgetError.__name__, ome.host.__name__)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out == ["tf", "before", "False", "ome.gradients", "ome.profile", "ome.patch", "plan",
-                   "BudgetError", "ome.host"]
+    assert out == ["tf", "before", "False", "ome.gradients", "ome.tf.profile", "ome.patch",
+                   "plan", "BudgetError", "ome.tf.host"]

@@ -1,4 +1,4 @@
-"""ome.transformer: none / selective / full recomputation on the zoo's tiny GPT and on an
+"""ome.policies.transformer: none / selective / full recomputation on the zoo's tiny GPT and on an
 attention model written by hand (other op names, Einsum instead of BatchMatMul)."""
 import functools
 import json
@@ -13,10 +13,11 @@ import tensorflow as tf
 import models
 import ome
 from models import gpt
-from ome import estimate, optimal, planner, transformer
+from ome import estimate
+from ome.policies import optimal, planner, transformer
 from ome.errors import InvalidArgumentError, NoBottleneckError
-from ome.plans import with_estimates
-from ome.schedule import Decision
+from ome.core.plans import with_estimates
+from ome.core.schedule import Decision
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTENTION_CORE_TYPES = transformer.SOFTMAX_TYPES | transformer.MATMUL_TYPES \

@@ -1,4 +1,4 @@
-"""How often ``ome.optimal`` without a limit misses the brute-force smallest peak:
+"""How often ``ome.policies.optimal`` without a limit misses the brute-force smallest peak:
 ``python -m tests.scripts.smallest_peak_misses [--graphs 300] [--most-ops 6] [--seed 7]``.
 
 Draws ``--graphs`` random branchy graphs (``tests/test_optimal.py``'s ``random_views``,
@@ -10,9 +10,9 @@ import argparse
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from ome import optimal
-from ome.costs import CostModel
-from ome.schedule import Decision
+from ome.policies import optimal
+from ome.core.costs import CostModel
+from ome.core.schedule import Decision
 from tests.test_optimal import HOST, MiB, SLACK, every_plan, random_views
 
 

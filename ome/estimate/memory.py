@@ -93,9 +93,9 @@ import os
 import sys
 from typing import Optional
 
-from ome.breakdown import MemoryBreakdown, plot_breakdowns
+from ome.estimate.breakdown import MemoryBreakdown, plot_breakdowns
 from ome.errors import InvalidArgumentError, OmeError
-from ome.sizes import parse_bytes
+from ome.core.sizes import parse_bytes
 
 __all__ = [
     "Precision",
@@ -504,7 +504,7 @@ def estimate(config, label=None):
 
     Returns
     -------
-    ome.breakdown.MemoryBreakdown
+    ome.estimate.breakdown.MemoryBreakdown
         Bytes on the device that needs the most (the first or the last pipeline stage).
     """
     if not isinstance(config, TransformerConfig):

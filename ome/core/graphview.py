@@ -1,7 +1,7 @@
 """The training step as plain data: forward and backward ops, tensors, their order.
 
 A :class:`GraphView` is what every planning module reads. It never imports TensorFlow:
-``ome.capture`` fills it from a graph, and tests (or a JSON file) can build one by hand
+``ome.tf.capture`` fills it from a graph, and tests (or a JSON file) can build one by hand
 with :func:`GraphView.from_dict`, so policies, schedules and the simulator are tested in
 milliseconds on graphs with hand-computed memory.
 

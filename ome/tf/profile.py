@@ -1,4 +1,4 @@
-"""``ome.profile``: a :class:`ome.costs.CostModel` measured from traced steps.
+"""``ome.profile``: a :class:`ome.core.costs.CostModel` measured from traced steps.
 
 One plain training step, traced with ``FULL_TRACE``, tells per op how long it ran and
 how much scratch memory its kernel held beyond its outputs (a convolution's
@@ -17,10 +17,10 @@ import time
 
 import tensorflow as tf
 
-from ome import host
-from ome.costs import CostModel
+from ome.tf import host
+from ome.core.costs import CostModel
 from ome.errors import InvalidArgumentError, InvalidTypeError
-from ome.measure import _check_count, _memory_stats, _run, _short_device, _stats_device
+from ome.tf.measure import _check_count, _memory_stats, _run, _short_device, _stats_device
 
 # Scratch below this is allocator rounding, not a workspace worth planning around.
 MIN_SCRATCH_BYTES = 64 * 1024

@@ -28,7 +28,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from ome import sizes
+from ome.core import sizes
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def reserve_device_memory(nbytes=None):
     (batch 8, 64x64) peaked at 246.3 MiB, 32.5 of it beyond what its tensors asked;
     after the reservation at 216.9 MiB, 3.8 beyond (docs/RESULTS.md, 2026-11-29).
 
-    ``nbytes``: bytes or a size like ``"8GiB"`` (:func:`ome.sizes.parse_bytes`); default
+    ``nbytes``: bytes or a size like ``"8GiB"`` (:func:`ome.core.sizes.parse_bytes`); default
     half the machine's memory. The region is address space until
     tensors use it (an uninitialised tensor makes it, and no page is touched), and it
     stays for the process's life: the allocator returns no region. Call it once, after

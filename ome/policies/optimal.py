@@ -1,8 +1,8 @@
 """The optimal policy: keep / recompute / swap per tensor for the least added time.
 
 ``optimal(view, limit=...)`` minimises the seconds a plan adds to a step (copied ops' run
-times plus swaps' exposed transfers, from a :class:`ome.costs.CostModel`) subject to the
-device peak that :func:`ome.simulate.simulate` predicts fitting ``limit``; without a limit
+times plus swaps' exposed transfers, from a :class:`ome.core.costs.CostModel`) subject to the
+device peak that :func:`ome.core.simulate.simulate` predicts fitting ``limit``; without a limit
 it finds the smallest peak it can (never above ``select.auto``'s), then the cheapest plan
 at that peak. The choice is a mixed-integer program solved by HiGHS
 (``scipy.optimize.milp``) over a linear model of the schedule's memory; since that model
@@ -10,7 +10,7 @@ approximates the simulator, every solution is replayed by the simulator and the 
 program sees is moved (secant steps inside a bisection bracket) until the simulated peak
 fits. The formulation is in docs/ALGORITHM.md, section "Optimal planner".
 
-Pure Python over a :class:`ome.graphview.GraphView`; it never imports TensorFlow.
+Pure Python over a :class:`ome.core.graphview.GraphView`; it never imports TensorFlow.
 """
 import bisect
 import logging
@@ -22,10 +22,12 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from ome import errors, planner, schedule, select, simulate, sizes
-from ome.costs import STATIC
-from ome.plans import make_plan, with_gradient_holds
-from ome.schedule import Decision
+from ome import errors
+from ome.core import schedule, simulate, sizes
+from ome.policies import planner, select
+from ome.core.costs import STATIC
+from ome.core.plans import make_plan, with_gradient_holds
+from ome.core.schedule import Decision
 
 log = logging.getLogger(__name__)
 
@@ -787,14 +789,14 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     """The plan adding the least time whose simulated device peak fits ``limit`` bytes.
 
     ``limit`` (bytes or a string like ``"300MiB"``) bounds
-    ``ome.simulate.simulate(view, plan, model).device_peak``; without it the plan has the
+    ``ome.core.simulate.simulate(view, plan, model).device_peak``; without it the plan has the
     smallest peak found (never above ``select.auto``'s), at the least time found for that
     peak. ``pins`` ({tensor: "keep"|"recompute"|"swap"}) are honoured; swaps are
     considered only with a ``host_device``. ``time_limit``: seconds for the search (the
     solver and the simulations checking its plans); its first solve always ends by its
     own rules (HiGHS's gap or :data:`MAX_NODES`), whatever the clock says.
     ``hold_gradients``: plan, and return, plans whose gradients are held, in the order
-    that makes possible (:func:`ome.plans.with_gradient_holds`).
+    that makes possible (:func:`ome.core.plans.with_gradient_holds`).
     Estimates: ``device_peak`` (simulated), ``added_seconds``, ``solver`` (a code, see
     ``SOLVER_NAMES``), ``gap`` (HiGHS's relative optimality gap on the model; nan when
     no solver plan was chosen), ``solve_seconds``, ``model_peak``, ``limit``,

@@ -1,20 +1,22 @@
 """The OME planner: which tensors go to the host, and plans fitted to a memory budget.
 
-Pure Python over a :class:`ome.graphview.GraphView`. A :class:`ome.costs.CostModel` turns a
-plan's added work into seconds: copied ops' run times, and each swap's round trip minus
-the compute it overlaps. ``ome.simulate`` replays the plan's schedule
+Pure Python over a :class:`ome.core.graphview.GraphView`. A
+:class:`ome.core.costs.CostModel` turns a plan's added work into seconds: copied ops' run times, and each swap's round trip minus
+the compute it overlaps. ``ome.core.simulate`` replays the plan's schedule
 to predict the device peak; measurement remains the judge.
 """
 import dataclasses
 import logging
 import math
 
-from ome import errors, optimal, simulate
-from ome import schedule as schedule_mod
-from ome.costs import STATIC
-from ome.plans import make_plan, with_estimates, with_gradient_holds
-from ome.schedule import Decision
-from ome.sizes import format_bytes, parse_bytes
+from ome import errors
+from ome.core import simulate
+from ome.policies import optimal
+from ome.core import schedule as schedule_mod
+from ome.core.costs import STATIC
+from ome.core.plans import make_plan, with_estimates, with_gradient_holds
+from ome.core.schedule import Decision
+from ome.core.sizes import format_bytes, parse_bytes
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
 
 def _predicted_as_planned(view, plan, model, hold_gradients):
     """``plan`` with its predictions, its gradients held when ``hold_gradients`` (as
-    :func:`ome.optimal.optimal` plans the plans it is compared with)."""
+    :func:`ome.policies.optimal.optimal` plans the plans it is compared with)."""
     return with_predictions(
         view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
 
@@ -76,7 +78,7 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     """``plan``, or the optimal planner's plan with the lowest device peak found that,
     under ``model``, adds no more time, its peak or its time less.
 
-    First :func:`ome.optimal.optimal`'s smallest-peak plan; when that adds more time, its
+    First :func:`ome.policies.optimal.optimal`'s smallest-peak plan; when that adds more time, its
     plans under each share of ``plan``'s peak in :data:`DESCENT_SHARES` in turn
     (:func:`_descent`). ``checkpoints="auto"`` with a cost model: the cut heuristic
     spaces its cuts by bytes alone (ResNet-50 with a profile, held, simulated: 95.8 MiB
@@ -84,7 +86,7 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     ``checkpoints="speed"``: keeping every conv output holds more than the time it saves
     needs (ResNet-50: 196.2 MiB and 0.159 s added; the planner 146.5 MiB and 0.113 s).
     ``host_device``: for swaps the user pinned only. ``hold_gradients``: both held, as
-    :func:`ome.optimal.optimal` plans them.
+    :func:`ome.policies.optimal.optimal` plans them.
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
@@ -112,10 +114,10 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
 
 
 def _descent(view, peak, seconds, policy, **search):
-    """:func:`ome.optimal.optimal`'s plans under each share of ``peak`` in
+    """:func:`ome.policies.optimal.optimal`'s plans under each share of ``peak`` in
     :data:`DESCENT_SHARES` in turn, while they add no more than ``seconds`` (``policy``'s
     time): ``(plans, why the descent stopped)``, "" when every share was tried.
-    ``search``: :func:`ome.optimal.optimal`'s options."""
+    ``search``: :func:`ome.policies.optimal.optimal`'s options."""
     found = []
     for share in DESCENT_SHARES:
         limit = int(share * peak)
@@ -142,12 +144,12 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=F
     """``plan``, or a plan with swaps that predicts a lower peak at no more added time.
 
     For each share of ``plan``'s simulated peak in :data:`DESCENT_SHARES` in turn,
-    :func:`ome.optimal.optimal` with the host keeps, recomputes or swaps each tensor for
+    :func:`ome.policies.optimal.optimal` with the host keeps, recomputes or swaps each tensor for
     the least added time under it; the lowest limit whose plan swaps and adds no more
     time than ``plan`` wins. Swapping ``plan``'s own checkpoints would not do: the peak of
     a plan of cuts is the recomputation of its first segment, when every later checkpoint
     is freed already; with the host, the plan itself changes (more tensors kept on the
-    host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.optimal.optimal`
+    host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.policies.optimal.optimal`
     plans them.
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
@@ -178,7 +180,7 @@ def with_predictions(view, plan, model=STATIC, static_bytes=0):
 
 
 def side_by_side(view, plan, model=STATIC, static_bytes=0):
-    """``plan`` whose sibling backward ops (:func:`ome.schedule.sibling_pairs`) run side by
+    """``plan`` whose sibling backward ops (:func:`ome.core.schedule.sibling_pairs`) run side by
     side wherever that predicts no higher device peak, predicted again; ``plan`` itself
     when it changes nothing (plain backprop's executor runs them so anyway) or when no
     pair fits. A pair holds both kernels' scratch and its first op's inputs until both
@@ -242,11 +244,11 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     """Keep / recompute / swap per tensor, for the least added time, so the simulated
     device peak plus ``static_bytes`` fits ``budget``.
 
-    The choice is :func:`ome.optimal.optimal`'s (plain backprop when it fits; swaps only
+    The choice is :func:`ome.policies.optimal.optimal`'s (plain backprop when it fits; swaps only
     with a ``host_device``). ``static_bytes`` (what stays allocated between steps:
     variables, optimizer slots, or a profile's ``resident_bytes``) count against the
     budget; :func:`headroom` of the budget is left free (:func:`budget_limit`).
-    ``hold_gradients``: as :func:`ome.optimal.optimal`'s. Raises :class:`BudgetError`
+    ``hold_gradients``: as :func:`ome.policies.optimal.optimal`'s. Raises :class:`BudgetError`
     naming the smallest reachable peak when nothing fits.
     """
     budget = parse_bytes(budget, what="memory budget")

@@ -129,7 +129,7 @@ def measure_breakdown(session, train_op, *, variables, gradients, optimizer,
     MemoryBreakdown
         With ``peak`` and ``memory_cost`` set.
     """
-    from ome.measure import measure
+    from ome.tf.measure import measure
 
     if not callable(getattr(optimizer, "variables", None)):
         raise InvalidTypeError(

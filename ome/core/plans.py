@@ -1,8 +1,8 @@
 """Plans: the decision for every tensor that matters, and the schedule that builds them.
 
-A :class:`Plan` is frozen plain data. Policies produce it (``ome.select``,
-``ome.planner``, ``baselines``); ``ome.rewrite`` builds exactly its schedule;
-``ome.simulate`` replays the same schedule. It prints as a table (:func:`explain`) and
+A :class:`Plan` is frozen plain data. Policies produce it (``ome.policies.select``,
+``ome.policies.planner``, ``baselines``); ``ome.tf.rewrite`` builds exactly its schedule;
+``ome.core.simulate`` replays the same schedule. It prints as a table (:func:`explain`) and
 round-trips through JSON, so a saved plan can be applied to the same graph later.
 """
 import json
@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional, Tuple
 
 from ome import errors
-from ome import schedule as schedule_mod
-from ome.schedule import Decision, Schedule
+from ome.core import schedule as schedule_mod
+from ome.core.schedule import Decision, Schedule
 
 __all__ = ["Decision", "Plan", "TensorPlan", "explain", "make_plan"]
 
@@ -35,7 +35,7 @@ class Plan:
     ``tensors`` lists every saved forward tensor (backprop reads it) and every tensor a
     recomputation reads or rebuilds. ``checkpoints`` are the tensors the policy chose to
     keep (or swap) as restart points; ``swapped`` those moved to ``host_device``.
-    ``estimates`` holds predictions (bytes, seconds) from ``ome.simulate``.
+    ``estimates`` holds predictions (bytes, seconds) from ``ome.core.simulate``.
     """
 
     policy: str
@@ -97,7 +97,7 @@ def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=N
 
     ``reasons`` maps tensors to why they got their decision (a default is filled in).
     The listed tensors are the saved ones plus those the schedule copies or reads.
-    ``leaves_first``: the schedule's backward order (:func:`ome.schedule.build`).
+    ``leaves_first``: the schedule's backward order (:func:`ome.core.schedule.build`).
     """
     built = schedule_mod.build(view, decisions, swap_ahead=swap_ahead,
                                leaves_first=leaves_first)
@@ -178,8 +178,8 @@ def explain(plan, *, include_kept=True):
 
 def with_gradient_holds(view, plan, *, rewritten=False):
     """``plan`` whose gradients wait for the backward reads of their variables
-    (:func:`ome.schedule.gradient_holds`), its schedule rebuilt with the backward leaves
-    first (which only held gradients make safe, :func:`ome.schedule.build`); ``plan``
+    (:func:`ome.core.schedule.gradient_holds`), its schedule rebuilt with the backward leaves
+    first (which only held gradients make safe, :func:`ome.core.schedule.build`); ``plan``
     itself when it changes nothing (plain ``tf.gradients`` is built) or no gradient has a
     backward read to wait for. ``rewritten``: hold a plan that changes nothing too, for a
     rewrite applied regardless (:func:`ome.gradients.ordered_backprop`)."""
@@ -195,7 +195,7 @@ def with_gradient_holds(view, plan, *, rewritten=False):
 
 def with_side_by_side(view, plan, pairs=None):
     """``plan`` whose schedule runs ``pairs`` side by side (default: every pair
-    :func:`ome.schedule.sibling_pairs` finds; given pairs it does not find are dropped, so
+    :func:`ome.core.schedule.sibling_pairs` finds; given pairs it does not find are dropped, so
     a saved plan's pairs are checked against the graph it is applied to)."""
     sched = plan.schedule
     found = schedule_mod.sibling_pairs(
@@ -208,7 +208,7 @@ def with_side_by_side(view, plan, pairs=None):
 
 def with_leaf_waits(view, plan):
     """``plan`` whose recompute groups wait for the backward leaves replayed before them
-    (:func:`ome.schedule.with_leaf_waits`); the simulator's replay is unchanged."""
+    (:func:`ome.core.schedule.with_leaf_waits`); the simulator's replay is unchanged."""
     recomputed = {t.tensor for t in plan.tensors if t.decision == Decision.RECOMPUTE}
     return replace(plan, schedule=schedule_mod.with_leaf_waits(view, plan.schedule,
                                                                recomputed))

@@ -43,11 +43,12 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from ome import capture, rewrite, select
+from ome.policies import select
+from ome.tf import capture, rewrite
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError, \
     UnsupportedGraphError
-from ome.host import canonical_device
-from ome.measure import measure
+from ome.tf.host import canonical_device
+from ome.tf.measure import measure
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class LayerEstimate:
     """What one layer costs per micro-batch, from a dry build on a scratch graph.
 
     ``parameters``: elements of the trainable variables it creates; ``flops``: forward
-    FLOPs (:func:`ome.capture.estimate_cost` summed over its ops); ``activation_bytes``:
+    FLOPs (:func:`ome.tf.capture.estimate_cost` summed over its ops); ``activation_bytes``:
     bytes of the floating-point tensors its forward computes (what plain backprop may
     keep); ``output_shape``: its output's static shape.
     """

@@ -1,6 +1,6 @@
 """The schedule: what the rewrite builds for a set of per-tensor decisions.
 
-Pure Python over a :class:`ome.graphview.GraphView`. The backward pass is exactly the one
+Pure Python over a :class:`ome.core.graphview.GraphView`. The backward pass is exactly the one
 ``tf.gradients`` built; a decision only changes where a backward op reads a forward
 tensor from:
 
@@ -413,7 +413,7 @@ def event_outputs(view, kind, name):
 
 def event_reads(view, sched, decisions):
     """For each event, the value keys it reads (one entry per read); ``decisions`` as
-    :meth:`ome.plans.Plan.decisions`."""
+    :meth:`ome.core.plans.Plan.decisions`."""
     rerouted = {}
     for reader, tensor in sched.reroutes:
         kind = "swap_in" if decisions.get(tensor) == Decision.SWAP else "copy"

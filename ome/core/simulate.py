@@ -1,10 +1,10 @@
 """Simulator: replay a Plan's schedule op by op and predict device and host memory.
 
-The replay is :func:`ome.schedule.events`: each backward op as soon as it is ready, each
+The replay is :func:`ome.core.schedule.events`: each backward op as soon as it is ready, each
 swap-in and recompute group right after the op its triggers end with, and never an event
 before one the rewrite makes it wait for; for a plan that changes anything, the rewrite
 chains the backward ops, copies and swap-ins in this order
-(:func:`ome.schedule.enforced_order`), so TensorFlow's executor runs them as replayed; a
+(:func:`ome.core.schedule.enforced_order`), so TensorFlow's executor runs them as replayed; a
 pair it lets run side by side (``Schedule.side_by_side``) holds both kernels' scratch and
 the first's inputs until both have run. A
 tensor's buffer is allocated when its op runs and freed when its last reader in the
@@ -38,8 +38,8 @@ import heapq
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from ome import schedule as schedule_mod
-from ome.costs import STATIC
+from ome.core import schedule as schedule_mod
+from ome.core.costs import STATIC
 
 # Outputs that are views of their first input's buffer.
 ALIAS_OPS = frozenset({"Identity", "StopGradient", "Reshape", "Squeeze", "ExpandDims",
@@ -246,7 +246,7 @@ def held_to_end(view, model):
 
 def _releases(view, sched, events, updated):
     """``{held gradient: the event index of the last op it waits for}``
-    (:attr:`ome.schedule.Schedule.holds`)."""
+    (:attr:`ome.core.schedule.Schedule.holds`)."""
     copied = set(sched.copied_ops)
     position = {event: i for i, event in enumerate(events)}
     return {g: max(position[("copy" if op in copied else "op", op)] for op in ops)

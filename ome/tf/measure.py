@@ -33,9 +33,9 @@ from typing import Mapping, Optional, Tuple
 
 import tensorflow as tf
 
-from ome import tfprivate
+from ome.tf import tfprivate
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError, OutOfMemoryError
-from ome.host import canonical_device, emulated_host_bytes, reset_emulated_host_peak
+from ome.tf.host import canonical_device, emulated_host_bytes, reset_emulated_host_peak
 
 logger = logging.getLogger(__name__)
 
@@ -391,7 +391,7 @@ def per_device_memory(run_metadata):
 def shared_allocator_peaks(events, host_ops):
     """:class:`SharedAllocatorPeaks` from an allocator's own records of a run of steps.
 
-    ``events`` are :data:`ome.tfprivate.AllocatorEvent`-like tuples ``(picos, allocator, op,
+    ``events`` are :data:`ome.tf.tfprivate.AllocatorEvent`-like tuples ``(picos, allocator, op,
     address, nbytes, allocated[, requested])``: a chunk of ``nbytes`` allocated at
     ``address`` by ``op`` (``nbytes < 0``: freed), after which the allocator holds
     ``allocated`` bytes; ``requested``, where given, what ``op`` asked for. Chunks

@@ -1,6 +1,6 @@
 """Capture: read a ``tf.gradients`` call (forward and backward ops) into a GraphView.
 
-Only reads the TensorFlow graph. The result, :class:`ome.graphview.GraphView`, is plain
+Only reads the TensorFlow graph. The result, :class:`ome.core.graphview.GraphView`, is plain
 data the planning modules work on without TensorFlow.
 """
 import math
@@ -8,8 +8,8 @@ import math
 import networkx as nx
 import tensorflow as tf
 
-from ome import tfprivate
-from ome.graphview import GraphView, OpInfo, TensorInfo
+from ome.tf import tfprivate
+from ome.core.graphview import GraphView, OpInfo, TensorInfo
 
 # TF1 control flow and functional control flow: a copy would need the loop or branch
 # context (or its function bodies) that only the original has, so ome never copies them.

@@ -8,7 +8,7 @@ Transformer Models") and of the Ultra-Scale Playbook's chart, as ome policies
 - :func:`selective`: recompute only the attention core (``Q K^T``, its scaling and mask,
   the softmax, its dropout and the product with ``V``) and keep everything else;
 - :func:`full`: keep each block's input and recompute the block during backprop;
-- :func:`optimal_within`: ome's own plan, from the optimal planner (:mod:`ome.optimal`): no
+- :func:`optimal_within`: ome's own plan, from the optimal planner (:mod:`ome.policies.optimal`): no
   higher simulated peak and no more added time than a fixed mode (``selective`` by
   default), what it saves split between time and memory, under a cost model (a profile
   of the plain step, :func:`ome.profile`).
@@ -38,11 +38,12 @@ from typing import Tuple
 
 import networkx as nx
 
-from ome import errors, optimal, planner
-from ome.costs import STATIC
-from ome.plans import make_plan, with_estimates
-from ome.schedule import Decision, forced_keep
-from ome.select import Region, apply_pins, keep_all
+from ome import errors
+from ome.policies import optimal, planner
+from ome.core.costs import STATIC
+from ome.core.plans import make_plan, with_estimates
+from ome.core.schedule import Decision, forced_keep
+from ome.policies.select import Region, apply_pins, keep_all
 
 __all__ = ["AttentionCore", "Block", "attention_cores", "residual_stream", "blocks",
            "none", "selective", "full", "optimal_within", "summary", "POLICIES"]
@@ -343,7 +344,7 @@ def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_devi
     ``mode``'s peak) whose least added time is at most ``mode``'s minus the rest of the
     saving. So it wins on both counts by margins (``trade=0`` keeps the fastest plan,
     which may tie ``mode``'s peak exactly and lose to the allocator's noise). Both peaks
-    are :func:`ome.simulate.simulate`'s under ``model``; with a profile of the plain step
+    are :func:`ome.core.simulate.simulate`'s under ``model``; with a profile of the plain step
     (``ome.profile``) the times are measured op times and the peaks include the kernels'
     scratch memory. When the search stops at its time limit with a slower plan than
     ``mode``'s, ``mode``'s own is returned (``solver`` is ``optimal.SOLVER_REFERENCE``).
