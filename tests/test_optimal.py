@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ome import errors
-from ome.core import schedule, simulate
+from ome.core import costs, schedule, simulate
 from ome.policies import optimal, planner, select
 from ome.core.costs import STATIC, CostModel
 from ome.core.graphview import build_view
@@ -89,7 +89,7 @@ def every_plan(view, choices=(Decision.RECOMPUTE,), model=STATIC, host_device=No
         decisions = dict(zip(tensors, picked))
         plan = make_plan(view, decisions, {}, "brute force", host_device=host_device)
         found.append((simulate.simulate(view, plan, model).device_peak,
-                      planner.added_seconds(view, plan, model)))
+                      costs.added_seconds(view, plan, model)))
     return found
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from ome import errors
-from ome.core import schedule, simulate
+from ome.core import costs, schedule, simulate
 from ome.policies import optimal, planner, select
 from ome.core.costs import STATIC, CostModel
 from ome.core.graphview import GraphView, build_view
@@ -383,7 +383,7 @@ def test_measured_scratch_memory_counts_while_its_op_runs_and_its_copies_run():
     # Recomputed: b's copy runs after g_c with a, c (y reads it last), g_c and the copy.
     assert simulate.simulate(view, recomputed).device_peak < 14 * MiB
     assert simulate.simulate(view, recomputed, model).device_peak == 14 * MiB
-    assert planner.added_seconds(view, recomputed, model) == 0.5
+    assert costs.added_seconds(view, recomputed, model) == 0.5
     assert CostModel.from_json(model.to_json()) == model
 
 
@@ -393,8 +393,8 @@ def test_a_plan_that_changes_anything_adds_the_measured_order_cost():
     view = chain()
     plain, recomputed = plan_of(view, {}), plan_of(view, {"b:0": Decision.RECOMPUTE})
     model = CostModel(op_seconds={"b": 0.5}, order_seconds=0.25)
-    assert planner.added_seconds(view, plain, model) == 0.0
-    assert planner.added_seconds(view, recomputed, model) == 0.75
+    assert costs.added_seconds(view, plain, model) == 0.0
+    assert costs.added_seconds(view, recomputed, model) == 0.75
     assert "the enforced order +0.250 s a step" in str(model)
     assert CostModel.from_json(model.to_json()) == model
     assert CostModel.from_dict({"bandwidth": 1e9}).order_seconds == 0.0  # older saves
@@ -626,7 +626,7 @@ def test_swap_auto_keeps_the_plan_when_swaps_cost_more_time_than_its_recomputati
     plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
     # a slow link whose copies run beside nothing: each swap costs more than a tanh
     slow = CostModel(bandwidth=1e3, transfer_overlap=0.0)
-    assert planner.swap_cost(view, "t2:0", slow) == 2 * MiB / 1e3
+    assert costs.swap_cost(view, "t2:0", slow) == 2 * MiB / 1e3
     with caplog.at_level("INFO", logger="ome.policies.planner"):
         unchanged = planner.swap_auto(view, plan, "/device:CPU:1", slow)
     assert unchanged is plan and not unchanged.swapped
@@ -699,10 +699,10 @@ def test_auto_with_costs_keeps_a_plan_the_optimal_plan_would_slow_down(caplog):
 def test_a_swap_hides_at_most_the_share_of_its_transfer_that_runs_beside_compute():
     view = tanh_chain(8)
     round_trip = 2 * MiB / 1e6
-    window = planner._window_seconds(view, "t2:0", STATIC)
+    window = costs.window_seconds(view, "t2:0", STATIC)
     assert 0 < window < round_trip
-    assert planner.swap_cost(view, "t2:0", CostModel(bandwidth=1e6)) == round_trip - window
-    assert planner.swap_cost(view, "t2:0", CostModel(bandwidth=1e6, transfer_overlap=0.0)) \
+    assert costs.swap_cost(view, "t2:0", CostModel(bandwidth=1e6)) == round_trip - window
+    assert costs.swap_cost(view, "t2:0", CostModel(bandwidth=1e6, transfer_overlap=0.0)) \
         == round_trip
     with pytest.raises(errors.InvalidArgumentError, match="transfer_overlap must be between"):
         CostModel(transfer_overlap=1.5)

@@ -24,8 +24,8 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from ome import errors
 from ome.core import schedule, simulate, sizes
-from ome.policies import planner, select
-from ome.core.costs import STATIC
+from ome.policies import select
+from ome.core.costs import STATIC, added_seconds, swap_cost
 from ome.core.plans import make_plan, with_gradient_holds
 from ome.core.schedule import Decision
 
@@ -498,7 +498,7 @@ class _Program:
             fixed = p.pins.get(t)
             self.column(("s", t), lower=float(fixed == Decision.SWAP),
                         upper=float(fixed in (None, Decision.SWAP)), integer=True,
-                        cost=1e3 * planner.swap_cost(view, t, p.model))
+                        cost=1e3 * swap_cost(view, t, p.model))
         for op in p.copy_ops:
             self.column(("x", op), cost=1e3 * p.model.seconds(view, op))
         for t in p.held:
@@ -972,7 +972,7 @@ class _Search:
                     trial.plan.decisions() == decisions:
                 return trial
         peak = simulate.simulate(problem.view, plan, problem.model).device_peak
-        trial = _Trial(plan, peak, planner.added_seconds(problem.view, plan, problem.model),
+        trial = _Trial(plan, peak, added_seconds(problem.view, plan, problem.model),
                        status, gap, model_peak, target, polished)
         self.trials.append(trial)
         return trial
@@ -1045,7 +1045,7 @@ def _undo_candidates(problem, plan):
 
     def cost(tensors):
         if plan.decision(tensors[0]) == Decision.SWAP:
-            return planner.swap_cost(view, tensors[0], model)
+            return swap_cost(view, tensors[0], model)
         ops = {view.tensors[t].op for t in tensors} & copied
         return sum(model.seconds(view, op) for op in ops)
 

@@ -13,37 +13,12 @@ from ome import errors
 from ome.core import simulate
 from ome.policies import optimal
 from ome.core import schedule as schedule_mod
-from ome.core.costs import STATIC
+from ome.core.costs import STATIC, added_seconds
 from ome.core.plans import make_plan, with_estimates, with_gradient_holds
 from ome.core.schedule import Decision
 from ome.core.sizes import format_bytes, parse_bytes
 
 log = logging.getLogger(__name__)
-
-
-def added_seconds(view, plan, model):
-    """Seconds ``plan`` adds to a step under ``model``: its copies' run times, its swaps'
-    exposed transfers and, when it changes anything (the rewrite then enforces an order),
-    the order's own cost."""
-    if plan.changes_nothing():
-        return 0.0
-    seconds = sum(model.seconds(view, op) for op in plan.schedule.copied_ops)
-    return model.order_seconds + seconds + \
-        sum(swap_cost(view, s.tensor, model) for s in plan.schedule.swaps)
-
-
-def _window_seconds(view, name, model):
-    """Compute between a tensor's swap-out and its first read in backprop: the forward
-    ops after it and about twice as much backward work down to it."""
-    start = view.position[view.tensors[name].op]
-    return 3.0 * sum(model.seconds(view, op) for op in view.forward[start + 1:])
-
-
-def swap_cost(view, name, model):
-    """Seconds a swap of ``name`` adds: the round trip not hidden behind compute (the
-    hidden part at most ``model.transfer_overlap`` of it)."""
-    transfer = 2.0 * model.transfer_seconds(view.tensor_bytes(name))
-    return transfer - min(model.transfer_overlap * transfer, _window_seconds(view, name, model))
 
 
 def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
