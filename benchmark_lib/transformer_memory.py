@@ -59,7 +59,7 @@ import models  # noqa: E402
 import ome  # noqa: E402
 from models import gpt  # noqa: E402
 from ome import estimate  # noqa: E402
-from ome.policies import optimal, transformer  # noqa: E402
+from ome.policies import transformer  # noqa: E402
 from ome.estimate.breakdown import MemoryBreakdown, plot_breakdowns, step_breakdown  # noqa: E402
 from ome.tf.measure import measure, quartiles  # noqa: E402
 
@@ -369,7 +369,7 @@ def _format_row(row):
 def _format_prediction(row):
     """What the planner predicted for mode ``ome`` against selective, under the profile."""
     estimates = row["plan"].estimates
-    solver = optimal.SOLVER_NAMES.get(estimates.get("solver"), "?")
+    solver = row["plan"].solver.value if row["plan"].solver else "?"
     return (f"{row['model']} s={row['sequence']} b={row['batch']}: simulated peak (no "
             f"variables) selective {estimates['reference_peak'] / _MiB:.2f} MiB, ome "
             f"{estimates['planned_peak'] / _MiB:.2f} MiB; predicted added time selective "

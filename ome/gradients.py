@@ -15,7 +15,7 @@ import tensorflow as tf
 from ome.tf import capture as capture_mod
 from ome import errors
 from ome.core import plans, sizes
-from ome.policies import optimal, planner, select, transformer
+from ome.policies import planner, search, select, transformer
 from ome.tf import host, rewrite, tfprivate
 from ome.core.costs import STATIC, CostModel
 from ome.core.plans import Plan, make_plan
@@ -250,7 +250,7 @@ def _policy_plan(view, options, static_bytes):
         # swap="auto" swaps by measured costs only, as the warning below says; swaps the
         # user pinned go to the host regardless
         weighed = options.swap != "auto" or options.measured or options.pinned_swaps
-        plan = optimal.optimal(view, model=options.model, pins=options.pins,
+        plan = search.optimal(view, model=options.model, pins=options.pins,
                                host_device=options.host_device if weighed else None,
                                hold_gradients=options.hold_gradients)
     elif isinstance(options.checkpoints, str):

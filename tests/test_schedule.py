@@ -10,7 +10,7 @@ import pytest
 
 from ome import errors
 from ome.core import costs, schedule, simulate
-from ome.policies import optimal, planner, select
+from ome.policies import planner, search, select
 from ome.core.costs import STATIC, CostModel
 from ome.core.graphview import GraphView, build_view
 from ome.core.plans import Plan, make_plan, with_gradient_holds, with_leaf_waits, with_side_by_side
@@ -678,7 +678,7 @@ def test_a_plan_with_costs_takes_the_lowest_optimal_plan_that_adds_no_more_time(
         pytest.approx(0.010)
     with caplog.at_level("INFO", logger="ome.policies.planner"):
         chosen = planner.lowest_at_no_more_time(view, slow, model)
-    assert optimal.optimal(view, model=model).estimates["added_seconds"] == \
+    assert search.optimal(view, model=model).estimates["added_seconds"] == \
         pytest.approx(0.014)
     assert chosen.policy == "explicit:optimal"
     assert sorted(chosen.recomputed) == ["t1:0", "t2:0", "t4:0"]

@@ -43,7 +43,7 @@ def test_planning_imports_without_tensorflow_and_the_functions_keep_their_names(
     """The planning modules run without TensorFlow; importing a submodule named like a
     function (``ome.gradients``, ``ome.profile``) leaves ``ome.gradients`` the function."""
     script = (
-        "import sys, ome.policies.planner, ome.policies.optimal\n"
+        "import sys, ome.policies.planner, ome.policies.search\n"
         "import ome.core.simulate, ome.core.schedule, ome.core.sizes\n"
         "print('tf before', 'tensorflow' in sys.modules)\n"
         "import ome.keras, ome.tf.profile, ome\n"

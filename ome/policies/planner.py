@@ -11,7 +11,7 @@ import math
 
 from ome import errors
 from ome.core import simulate
-from ome.policies import optimal
+from ome.policies.search import optimal
 from ome.core import schedule as schedule_mod
 from ome.core.costs import STATIC, added_seconds
 from ome.core.plans import make_plan, with_estimates, with_gradient_holds
@@ -28,12 +28,13 @@ def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
     for t in names:
         decisions[t], reasons[t] = Decision.SWAP, reason
     return make_plan(view, decisions, reasons, plan.policy, checkpoints=plan.checkpoints,
-                     host_device=host_device, swap_ahead=swap_ahead, estimates=plan.estimates)
+                     host_device=host_device, swap_ahead=swap_ahead, estimates=plan.estimates,
+                     solver=plan.solver)
 
 
 def _predicted_as_planned(view, plan, model, hold_gradients):
     """``plan`` with its predictions, its gradients held when ``hold_gradients`` (as
-    :func:`ome.policies.optimal.optimal` plans the plans it is compared with)."""
+    :func:`ome.policies.search.optimal` plans the plans it is compared with)."""
     return with_predictions(
         view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
 
@@ -53,7 +54,7 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     """``plan``, or the optimal planner's plan with the lowest device peak found that,
     under ``model``, adds no more time, its peak or its time less.
 
-    First :func:`ome.policies.optimal.optimal`'s smallest-peak plan; when that adds more time, its
+    First :func:`ome.policies.search.optimal`'s smallest-peak plan; when that adds more time, its
     plans under each share of ``plan``'s peak in :data:`DESCENT_SHARES` in turn
     (:func:`_descent`). ``checkpoints="auto"`` with a cost model: the cut heuristic
     spaces its cuts by bytes alone (ResNet-50 with a profile, held, simulated: 95.8 MiB
@@ -61,13 +62,13 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     ``checkpoints="speed"``: keeping every conv output holds more than the time it saves
     needs (ResNet-50: 196.2 MiB and 0.159 s added; the planner 146.5 MiB and 0.113 s).
     ``host_device``: for swaps the user pinned only. ``hold_gradients``: both held, as
-    :func:`ome.policies.optimal.optimal` plans them.
+    :func:`ome.policies.search.optimal` plans them.
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
     search = dict(model=model, pins=pins, host_device=host_device,
                   hold_gradients=hold_gradients)
-    smallest = optimal.optimal(view, **search)
+    smallest = optimal(view, **search)
     lower, added = smallest.estimates["device_peak"], smallest.estimates["added_seconds"]
     if lower <= peak and added <= seconds and (lower, added) != (peak, seconds):
         chosen = smallest
@@ -89,15 +90,15 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
 
 
 def _descent(view, peak, seconds, policy, **search):
-    """:func:`ome.policies.optimal.optimal`'s plans under each share of ``peak`` in
+    """:func:`ome.policies.search.optimal`'s plans under each share of ``peak`` in
     :data:`DESCENT_SHARES` in turn, while they add no more than ``seconds`` (``policy``'s
     time): ``(plans, why the descent stopped)``, "" when every share was tried.
-    ``search``: :func:`ome.policies.optimal.optimal`'s options."""
+    ``search``: :func:`ome.policies.search.optimal`'s options."""
     found = []
     for share in DESCENT_SHARES:
         limit = int(share * peak)
         try:
-            candidate = optimal.optimal(view, limit=limit, **search)
+            candidate = optimal(view, limit=limit, **search)
         except errors.BudgetError:
             return found, f"no plan fits {format_bytes(limit)}"
         added = candidate.estimates["added_seconds"]  # simulated by optimal
@@ -119,12 +120,12 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=F
     """``plan``, or a plan with swaps that predicts a lower peak at no more added time.
 
     For each share of ``plan``'s simulated peak in :data:`DESCENT_SHARES` in turn,
-    :func:`ome.policies.optimal.optimal` with the host keeps, recomputes or swaps each tensor for
+    :func:`ome.policies.search.optimal` with the host keeps, recomputes or swaps each tensor for
     the least added time under it; the lowest limit whose plan swaps and adds no more
     time than ``plan`` wins. Swapping ``plan``'s own checkpoints would not do: the peak of
     a plan of cuts is the recomputation of its first segment, when every later checkpoint
     is freed already; with the host, the plan itself changes (more tensors kept on the
-    host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.policies.optimal.optimal`
+    host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.policies.search.optimal`
     plans them.
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
@@ -219,11 +220,11 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     """Keep / recompute / swap per tensor, for the least added time, so the simulated
     device peak plus ``static_bytes`` fits ``budget``.
 
-    The choice is :func:`ome.policies.optimal.optimal`'s (plain backprop when it fits; swaps only
+    The choice is :func:`ome.policies.search.optimal`'s (plain backprop when it fits; swaps only
     with a ``host_device``). ``static_bytes`` (what stays allocated between steps:
     variables, optimizer slots, or a profile's ``resident_bytes``) count against the
     budget; :func:`headroom` of the budget is left free (:func:`budget_limit`).
-    ``hold_gradients``: as :func:`ome.policies.optimal.optimal`'s. Raises :class:`BudgetError`
+    ``hold_gradients``: as :func:`ome.policies.search.optimal`'s. Raises :class:`BudgetError`
     naming the smallest reachable peak when nothing fits.
     """
     budget = parse_bytes(budget, what="memory budget")
@@ -234,7 +235,7 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
             f"take {format_bytes(static_bytes)} and {headroom(model):.0%} of the budget is "
             "left free")
     try:
-        plan = optimal.optimal(view, limit=limit, model=model, pins=pins,
+        plan = optimal(view, limit=limit, model=model, pins=pins,
                                host_device=host_device, hold_gradients=hold_gradients)
     except errors.BudgetError as err:
         smallest = getattr(err, "smallest", None)

@@ -8,7 +8,7 @@ Transformer Models") and of the Ultra-Scale Playbook's chart, as ome policies
 - :func:`selective`: recompute only the attention core (``Q K^T``, its scaling and mask,
   the softmax, its dropout and the product with ``V``) and keep everything else;
 - :func:`full`: keep each block's input and recompute the block during backprop;
-- :func:`optimal_within`: ome's own plan, from the optimal planner (:mod:`ome.policies.optimal`): no
+- :func:`optimal_within`: ome's own plan, from the optimal planner (:mod:`ome.policies.search`): no
   higher simulated peak and no more added time than a fixed mode (``selective`` by
   default), what it saves split between time and memory, under a cost model (a profile
   of the plain step, :func:`ome.profile`).
@@ -39,9 +39,9 @@ from typing import Tuple
 import networkx as nx
 
 from ome import errors
-from ome.policies import optimal, planner
+from ome.policies import planner, search
 from ome.core.costs import STATIC
-from ome.core.plans import make_plan, with_estimates
+from ome.core.plans import Solver, make_plan, with_estimates
 from ome.core.schedule import Decision, forced_keep
 from ome.policies.select import Region, apply_pins, keep_all
 
@@ -332,7 +332,7 @@ LOWEST_LIMIT, LIMIT_STEPS = 0.75, 5
 
 
 def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_device=None,
-                   time_limit=optimal.DEFAULT_TIME_LIMIT, trade=0.5):
+                   time_limit=search.DEFAULT_TIME_LIMIT, trade=0.5):
     """ome's plan against fixed mode ``mode`` (a key of :data:`POLICIES`): no higher
     simulated device peak and no more added time, with the time it saves partly spent on
     a lower peak.
@@ -347,14 +347,15 @@ def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_devi
     are :func:`ome.core.simulate.simulate`'s under ``model``; with a profile of the plain step
     (``ome.profile``) the times are measured op times and the peaks include the kernels'
     scratch memory. When the search stops at its time limit with a slower plan than
-    ``mode``'s, ``mode``'s own is returned (``solver`` is ``optimal.SOLVER_REFERENCE``).
+    ``mode``'s, ``mode``'s own is returned (its ``solver`` is
+    :attr:`ome.core.plans.Solver.REFERENCE`).
     Use it as a policy with the same model given to ``ome.gradients``::
 
         policy = functools.partial(transformer.optimal_within, model=cost)
         grads = ome.gradients(loss, variables, checkpoints=policy, cost_model=cost)
 
     ``estimates`` hold the optimal planner's (``device_peak``, ``added_seconds``,
-    ``solver``, ...), ``planned_peak`` (its simulated peak) and ``reference_peak``,
+    ``gap``, ...), ``planned_peak`` (its simulated peak) and ``reference_peak``,
     ``reference_seconds``: ``mode``'s.
 
     Raises :class:`ome.errors.NoBottleneckError` when ``mode`` finds no attention, and
@@ -372,14 +373,14 @@ def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_devi
     reference_seconds = reference.estimates["added_seconds"]
 
     def fastest(limit):
-        return optimal.optimal(view, limit=limit, model=model, pins=pins,
+        return search.optimal(view, limit=limit, model=model, pins=pins,
                                host_device=host_device, time_limit=time_limit)
 
     plan = fastest(peak)
     if plan.estimates["added_seconds"] > reference_seconds:
         # The search stopped at its time limit with a slower plan than mode's own.
-        plan = with_estimates(reference, solver=optimal.SOLVER_REFERENCE,
-                              gap=float("nan"))
+        plan = dataclasses.replace(with_estimates(reference, gap=float("nan")),
+                                   solver=Solver.REFERENCE)
     elif trade and plan.estimates["added_seconds"] < reference_seconds:
         allowed = reference_seconds - (1 - trade) * (
             reference_seconds - plan.estimates["added_seconds"])
