@@ -177,7 +177,7 @@ def _measure_one(tf, pipeline, config, args, stages, micro_batches, checkpoint):
         y = tf.compat.v1.placeholder(tf.int32, targets.shape, name="targets")
         start = time.perf_counter()
         step = pipeline.build_pipeline(
-            pipeline.gpt_layers(config), pipeline.gpt_loss(config), t, y, stages=stages,
+            gpt.pipeline_layers(config), gpt.pipeline_loss(config), t, y, stages=stages,
             micro_batches=micro_batches, checkpoint=checkpoint, balance_by=args.balance,
             optimizer=tf.compat.v1.train.MomentumOptimizer(0.01, 0.9))
         built = time.perf_counter() - start

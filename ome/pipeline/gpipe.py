@@ -65,11 +65,8 @@ __all__ = [
     "default_devices",
     "emulate_devices",
     "estimate_layers",
-    "gpt_layers",
-    "gpt_loss",
     "make_partition",
     "measure_pipeline",
-    "resnet_layers",
     "classification_loss",
 ]
 
@@ -917,91 +914,14 @@ def _variable_bytes(variable):
 
 
 # ---------------------------------------------------------------------------------------
-# Zoo adapters
+# Losses
 # ---------------------------------------------------------------------------------------
-
-
-def gpt_layers(config, *, training=True, scope="gpt"):
-    """The zoo's GPT (:mod:`models.gpt`) as layers: the embeddings, one layer per block, and
-    the head (final LayerNorm and tied-embedding logits).
-
-    Variables get the names :func:`models.gpt.build_gpt` gives them (``gpt/wte``,
-    ``gpt/h0/ln_1/gamma``, ...), so weights move between the two by name. Dropout (at
-    ``config.dropout`` when ``training``) is drawn per micro-batch.
-    """
-    from models import gpt  # the zoo imports ome; imported here to keep ome free of it
-
-    rate = config.dropout if training else 0.0
-
-    def dropout(x):  # unseeded: each micro-batch draws its own mask
-        return tf.nn.dropout(x, rate=rate) if rate else x
-
-    def embed(tokens):
-        wte = gpt._variable("wte", [config.vocab, config.hidden], gpt.INIT_STDDEV)
-        wpe = gpt._variable("wpe", [config.positions, config.hidden], gpt.POSITION_INIT_STDDEV)
-        x = tf.gather(wte.value(), tokens, name="embed") + wpe[:config.sequence]
-        return dropout(x)
-
-    def block(x):
-        mask = gpt._causal_bias(config.sequence)
-        return gpt._block_fn(config, dropout, mask, [])(x)
-
-    def head(x):
-        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
-            wte = gpt._variable("wte", [config.vocab, config.hidden], gpt.INIT_STDDEV)
-        x = gpt._layer_norm(x, "ln_f")
-        logits = tf.matmul(tf.reshape(x, [-1, config.hidden]), wte, transpose_b=True,
-                           name="logits")
-        return tf.reshape(logits, [-1, config.sequence, config.vocab], name="logits_3d")
-
-    blocks = [Layer(block, f"h{i}", f"{scope}/h{i}") for i in range(config.layers)]
-    return [Layer(embed, "embed", scope)] + blocks + [Layer(head, "head", scope)]
-
-
-def gpt_loss(config):
-    """Mean next-token cross-entropy of GPT logits ``[b, s, vocab]`` against targets
-    ``[b, s]`` (the loss of :func:`models.build_train_step`)."""
-    def loss(logits, targets):
-        flat = tf.reshape(logits, [-1, config.vocab])
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=tf.reshape(targets, [-1]), logits=flat), name="loss")
-    return loss
 
 
 def classification_loss(logits, labels):
     """Mean softmax cross-entropy of ``[b, classes]`` logits against int labels ``[b]``."""
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=labels, logits=logits), name="loss")
-
-
-def resnet_layers(name, *, num_classes=1000, training=True, data_format="NHWC"):
-    """A zoo ResNet (:mod:`models.resnet`) as layers: the stem (conv, pool), one layer per
-    residual unit, and the head (global pool, dense). Variable names are those of
-    :func:`models.resnet.build_resnet`. Batch norm uses per-micro-batch statistics."""
-    from models import layers as zoo, resnet
-
-    kind, blocks_per_stage = resnet.LAYOUTS[name]
-    block = resnet._basic_block if kind == "basic" else resnet._bottleneck_block
-
-    def stem(images):
-        x = zoo.conv_bn(images, 64, 7, 2, training=training, data_format=data_format,
-                        name="conv1")
-        return zoo.max_pool(x, 3, 2, data_format=data_format, name="pool1")
-
-    def unit(filters, stride):
-        return lambda x: block(x, filters, stride, training=training, data_format=data_format)
-
-    def head(x):
-        x = zoo.global_avg_pool(x, data_format=data_format, name="pool5")
-        return zoo.dense(x, num_classes, name="logits")
-
-    found = [Layer(stem, "stem", name)]
-    for stage, (filters, blocks) in enumerate(zip(resnet._STAGE_FILTERS, blocks_per_stage)):
-        for u in range(blocks):
-            stride = 2 if stage > 0 and u == 0 else 1
-            found.append(Layer(unit(filters, stride), f"block{stage + 1}/unit_{u + 1}",
-                               f"{name}/block{stage + 1}/unit_{u + 1}"))
-    return found + [Layer(head, "head", name)]
 
 
 # ---------------------------------------------------------------------------------------
