@@ -157,8 +157,8 @@ def _setup_tensorflow(devices):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
     import tensorflow as tf
-    from ome import pipeline
-    pipeline.emulate_devices(devices)
+    from ome import host, pipeline
+    host.emulate_host(devices=max(devices, 2))  # a single stage ignores the second CPU
     tf.compat.v1.disable_eager_execution()
     return tf, pipeline
 

@@ -306,7 +306,7 @@ def build(**changes):
      "2 stages for 1 layers"),
     (dict(devices=["/device:CPU:0", "/device:CPU:7"]), DeviceError,
      "'/device:CPU:7' does not exist"),
-    (dict(stages=3), DeviceError, r"3 stages need 3 devices .*emulate_devices\(3\)"),
+    (dict(stages=3), DeviceError, r"3 stages need 3 devices .*emulate_host\(devices=3\)"),
     (dict(devices=["/cpu:0", "/cpu:0"]), InvalidArgumentError, "must be distinct"),
     (dict(stages=2, partition=[3, 2]), InvalidArgumentError, "summing to the 4 layers"),
     (dict(stages=2, checkpoint=[True]), InvalidArgumentError, "2 bools"),

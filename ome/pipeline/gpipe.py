@@ -47,7 +47,7 @@ from ome.policies import select
 from ome.tf import capture, rewrite
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError, \
     UnsupportedGraphError
-from ome.tf.host import canonical_device
+from ome.tf.host import canonical_device, logical_cpu_count
 from ome.tf.measure import measure
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,6 @@ __all__ = [
     "balanced_sizes",
     "build_pipeline",
     "default_devices",
-    "emulate_devices",
     "estimate_layers",
     "make_partition",
     "measure_pipeline",
@@ -84,53 +83,19 @@ _MiB = float(1 << 20)
 # ---------------------------------------------------------------------------------------
 
 
-def emulate_devices(count):
-    """Split the CPU into ``count`` logical devices ``/device:CPU:0..count-1``.
-
-    Call it first in the program, before TensorFlow initialises its runtime (any eager op,
-    session, or ``tf.config.list_logical_devices()``). Does nothing when a GPU is visible
-    or when at least ``count`` logical CPUs are configured already.
-
-    Raises
-    ------
-    DeviceError
-        The runtime was initialised with fewer logical CPUs.
-    """
-    count = _positive_int("count", count)
-    if tf.config.get_visible_devices("GPU") or _logical_cpu_count() >= count:
-        return
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
-    except RuntimeError as err:
-        raise DeviceError(
-            f"emulate_devices({count}) was called after TensorFlow initialised its runtime "
-            f"with {_logical_cpu_count()} CPU device(s); logical devices cannot change after "
-            "that. Call it at the start of the program, before any session or op.") from err
-
-
 def default_devices(count):
     """``count`` devices for ``count`` stages: ``/device:GPU:0..`` when GPUs are visible,
-    else the logical CPUs ``/device:CPU:0..`` (see :func:`emulate_devices`)."""
+    else the logical CPUs ``/device:CPU:0..`` (see :func:`ome.host.emulate_host`)."""
     count = _positive_int("stages", count)
     gpus = tf.config.get_visible_devices("GPU")
-    kind, available = ("GPU", len(gpus)) if gpus else ("CPU", _logical_cpu_count())
+    kind, available = ("GPU", len(gpus)) if gpus else ("CPU", logical_cpu_count())
     if count > available:
-        fix = ("" if gpus else f" Call ome.pipeline.emulate_devices({count}) at the start of "
-               "the program, before TensorFlow initialises its runtime.")
+        fix = ("" if gpus else f" Call ome.host.emulate_host(devices={count}) at the start "
+               "of the program, before TensorFlow initialises its runtime.")
         raise DeviceError(
             f"{count} stages need {count} devices but only {available} {kind} device(s) "
             f"exist.{fix}")
     return tuple(f"/device:{kind}:{i}" for i in range(count))
-
-
-def _logical_cpu_count():
-    count = 0
-    for cpu in tf.config.list_physical_devices("CPU"):
-        config = tf.config.get_logical_device_configuration(cpu)
-        count += len(config) if config else 1
-    return count
 
 
 def _check_devices(devices):
@@ -147,7 +112,7 @@ def _check_devices(devices):
             raise DeviceError(
                 f"device {given!r} does not exist; the logical devices are "
                 f"{', '.join(sorted(existing))}. For more CPU devices call "
-                "ome.pipeline.emulate_devices(K) at the start of the program.")
+                "ome.host.emulate_host(devices=K) at the start of the program.")
     return names
 
 

@@ -101,7 +101,7 @@ def _gpu_visible():
     return bool(tf.config.get_visible_devices("GPU"))
 
 
-def _logical_cpu_count():
+def logical_cpu_count():
     """Logical CPU devices, computed from the configuration without initialising the runtime."""
     count = 0
     for cpu in tf.config.list_physical_devices("CPU"):
@@ -127,11 +127,13 @@ def _default_host_hint():
 # ---------------------------------------------------------------------------------------
 
 
-def emulate_host():
-    """Split the CPU into two logical devices so that swapping can be emulated.
+def emulate_host(devices=2):
+    """Split the CPU into ``devices`` logical devices so that swapping (and a pipeline over
+    ``devices`` stages) can be emulated.
 
-    ``/device:CPU:0`` then plays the accelerator and ``/device:CPU:1`` the host. Does
-    nothing when a GPU is visible (the host is the real CPU) or when two logical CPUs are
+    ``/device:CPU:0`` then plays the accelerator and ``/device:CPU:1`` the host; a
+    pipeline's stages run on ``/device:CPU:0..devices-1``. Does nothing when a GPU is
+    visible (the host is the real CPU) or when at least ``devices`` logical CPUs are
     already configured, so it is safe to call more than once.
 
     Returns
@@ -142,27 +144,33 @@ def emulate_host():
     Raises
     ------
     DeviceError
-        TensorFlow's runtime was already initialised with a single CPU.
+        TensorFlow's runtime was already initialised with fewer logical CPUs.
+    InvalidArgumentError
+        ``devices`` is not an int of at least 2.
     """
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
+        raise InvalidArgumentError(f"devices must be an int of at least 2, got {devices!r}")
     if _gpu_visible():
         logger.info("A GPU is visible: the host is /device:CPU:0, no emulation needed")
         return "/device:CPU:0"
-    if _logical_cpu_count() >= 2:
+    configured = logical_cpu_count()
+    if configured >= devices:
         return "/device:CPU:1"
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-        )
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(devices)])
     except RuntimeError as err:
+        call = "emulate_host()" if devices == 2 else f"emulate_host(devices={devices})"
         raise DeviceError(
-            "emulate_host() was called after TensorFlow initialised its runtime with a single "
-            "CPU device, and logical devices cannot change after that. Call it at the start "
-            "of the program, before any eager op, session or tf.config.list_logical_devices() "
-            "call, or configure the devices yourself with "
+            f"{call} was called after TensorFlow initialised its runtime with {configured} "
+            "CPU device(s), and logical devices cannot change after that. Call it at the "
+            "start of the program, before any eager op, session or "
+            "tf.config.list_logical_devices() call, or configure the devices yourself with "
             "tf.config.set_logical_device_configuration."
         ) from err
-    logger.info("Emulating a host: /device:CPU:0 is the accelerator, /device:CPU:1 the host")
+    logger.info("Emulating a host: /device:CPU:0 is the accelerator, /device:CPU:1 the host"
+                "%s", f" ({devices} logical CPUs)" if devices > 2 else "")
     return "/device:CPU:1"
 
 
@@ -248,7 +256,7 @@ def default_host_device():
     """
     if _gpu_visible():
         return "/device:CPU:0"
-    if _logical_cpu_count() >= 2:
+    if logical_cpu_count() >= 2:
         return "/device:CPU:1"
     raise DeviceError(
         "There is no host device to swap to: no GPU is visible and only one logical CPU "
@@ -306,7 +314,7 @@ def session_config(config=None):
             f"config must be a tf.compat.v1.ConfigProto or None, got {type(config).__name__}"
         )
     if "CPU" not in result.device_count:
-        result.device_count["CPU"] = _logical_cpu_count()
+        result.device_count["CPU"] = logical_cpu_count()
     return result
 
 
