@@ -43,14 +43,19 @@ __all__ = [
     "DeviceMemory",
     "Measurement",
     "SharedAllocatorPeaks",
+    "check_count",
     "device_peaks",
     "measure",
+    "memory_stats",
+    "memory_stats_device",
     "ops_sharing_allocator",
     "peak_from_records",
     "per_device_memory",
     "host_rss",
     "quartiles",
+    "run_step",
     "shared_allocator_peaks",
+    "short_device",
 ]
 
 _MiB = float(1 << 20)
@@ -295,24 +300,24 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
             f"session must be a tf.compat.v1.Session (anything with .run), "
             f"got {type(session).__name__}"
         )
-    warmup = _check_count("warmup", warmup, minimum=0)
-    steps = _check_count("steps", steps, minimum=1)
+    warmup = check_count("warmup", warmup, minimum=0)
+    steps = check_count("steps", steps, minimum=1)
     for name, flag in (("trace", trace), ("allocator_records", allocator_records)):
         if not isinstance(flag, bool):
             raise InvalidTypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    stats_device = _stats_device(device)
-    _memory_stats(stats_device)  # fail before running anything if there are no statistics
+    stats_device = memory_stats_device(device)
+    memory_stats(stats_device)  # fail before running anything if there are no statistics
     for _ in range(warmup):
-        _run(session, fetches, feed_dict, phase="warm-up")
+        run_step(session, fetches, feed_dict, phase="warm-up")
 
     peaks, times, current = [], [], 0
     reset_emulated_host_peak()
     for _ in range(steps):
-        _memory_stats(stats_device, reset=True)
+        memory_stats(stats_device, reset=True)
         start = time.perf_counter()
-        _run(session, fetches, feed_dict, phase="timed")
+        run_step(session, fetches, feed_dict, phase="timed")
         times.append(time.perf_counter() - start)
-        info = _memory_stats(stats_device)
+        info = memory_stats(stats_device)
         peaks.append(info["peak"])
         current = info["current"]
     emulated_host_peak = emulated_host_bytes()[1] or None
@@ -321,7 +326,7 @@ def measure(session, fetches, feed_dict=None, *, device=None, warmup=1, steps=5,
     if trace:
         run_metadata = tf.compat.v1.RunMetadata()
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        _run(session, fetches, feed_dict, phase="traced",
+        run_step(session, fetches, feed_dict, phase="traced",
              options=options, run_metadata=run_metadata)
         per_device = per_device_memory(run_metadata)
         host_ops = ops_sharing_allocator(run_metadata, stats_device)
@@ -371,7 +376,7 @@ def per_device_memory(run_metadata):
     """
     records, allocators = {}, {}
     for dev_stats in run_metadata.step_stats.dev_stats:
-        name = _short_device(dev_stats.device)
+        name = short_device(dev_stats.device)
         device_records = records.setdefault(name, [])
         device_allocators = allocators.setdefault(name, set())
         for node in dev_stats.node_stats:
@@ -512,7 +517,8 @@ def _ordered(records):
     return checked
 
 
-def _check_count(name, value, *, minimum):
+def check_count(name, value, *, minimum):
+    """``value``, checked to be an int of at least ``minimum`` (``name`` for the message)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
@@ -528,7 +534,7 @@ def ops_sharing_allocator(run_metadata, stats_device):
     own = "/device:" + stats_device
     return {node.node_name
             for dev_stats in run_metadata.step_stats.dev_stats
-            for device in [_short_device(dev_stats.device)]
+            for device in [short_device(dev_stats.device)]
             if device.startswith("/device:CPU:") and device != own
             for node in dev_stats.node_stats}
 
@@ -539,7 +545,7 @@ def _profiled_peaks(session, fetches, feed_dict, host_ops, *, steps, without_hos
     (unless ``without_host``) the host allocated nothing."""
     try:
         events = tfprivate.allocator_events(
-            lambda: [_run(session, fetches, feed_dict, phase="profiled") for _ in range(steps)])
+            lambda: [run_step(session, fetches, feed_dict, phase="profiled") for _ in range(steps)])
         peaks = shared_allocator_peaks(events, host_ops)
     except (tf.errors.AlreadyExistsError, InvalidArgumentError) as err:
         if host_ops:
@@ -552,7 +558,7 @@ def _profiled_peaks(session, fetches, feed_dict, host_ops, *, steps, without_hos
     return peaks if peaks.host_peak or without_host else None
 
 
-def _stats_device(device):
+def memory_stats_device(device):
     """The device to read memory statistics from, as ``'CPU:0'``, checked to exist."""
     if device is None:
         return "GPU:0" if tf.config.get_visible_devices("GPU") else "CPU:0"
@@ -565,7 +571,7 @@ def _stats_device(device):
     return canonical[len("/device:"):]
 
 
-def _short_device(name):
+def short_device(name):
     """``'/job:localhost/replica:0/task:0/device:CPU:0/stream:all'`` -> ``'/device:CPU:0'``."""
     start = name.find("/device:")
     if start < 0:
@@ -574,7 +580,7 @@ def _short_device(name):
     return "/" + parts[1]
 
 
-def _run(session, fetches, feed_dict, *, phase, **kwargs):
+def run_step(session, fetches, feed_dict, *, phase, **kwargs):
     """One ``session.run`` whose results are dropped at once.
 
     On CPU, fetched numpy arrays share TensorFlow's buffers: holding them would count them
@@ -586,7 +592,7 @@ def _run(session, fetches, feed_dict, *, phase, **kwargs):
         raise OutOfMemoryError(f"out of memory in a {phase} step: {err.message}") from err
 
 
-def _memory_stats(device, *, reset=False):
+def memory_stats(device, *, reset=False):
     """Read (or, with ``reset``, reset the peak of) ``device``'s memory statistics.
 
     On CPU the statistics exist only with a tracking allocator: oneDNN's (the default) or
