@@ -208,24 +208,12 @@ def _has_unknown_sizes(forward):
                for op in forward for t in op.outputs)
 
 
-def _static_bytes(graph):
-    """Bytes of every variable the step's graph holds (weights and optimizer slots)."""
-    total = 0
-    for op in graph.get_operations():
-        if op.type in ("VarHandleOp", "VariableV2"):
-            shape = tf.TensorShape(op.get_attr("shape"))
-            dtype = tf.as_dtype(op.get_attr("dtype"))
-            if shape.is_fully_defined():
-                total += shape.num_elements() * dtype.size
-    return total
-
-
 def make_policy_plan(view, options, graph):
     """The Plan ``options`` ask for on captured ``view``; its ``device_peak`` estimate
     counts what stays allocated between steps (the profile's resident bytes, else the
     variables)."""
     resident = options.model.resident_bytes
-    static_bytes = _static_bytes(graph) if resident is None else resident
+    static_bytes = capture_mod.graph_variable_bytes(graph) if resident is None else resident
     view = options.model.sized(view)
     plan = _held(view, _policy_plan(view, options, static_bytes), options, static_bytes)
     if options.wait_for_leaves:

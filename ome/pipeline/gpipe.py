@@ -853,13 +853,13 @@ def _device_bytes(step):
         for v in stage_vars:
             slots = _slots(step.optimizer, v)
             home.update((owned.ref(), device) for owned in [v] + slots)
-            parameters[device] = parameters.get(device, 0) + 2 * _variable_bytes(v) \
-                + sum(_variable_bytes(slot) for slot in slots)
+            parameters[device] = parameters.get(device, 0) + sum(
+                capture.static_bytes(u.shape, u.dtype) for u in [v, v] + slots)  # v twice: and its gradient
     resident = {}
     for v in step.loss.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
         device = home.get(v.ref()) or (canonical_device(v.device) if v.device
                                        else step.devices[0])
-        resident[device] = resident.get(device, 0) + _variable_bytes(v)
+        resident[device] = resident.get(device, 0) + capture.static_bytes(v.shape, v.dtype)
     return resident, parameters
 
 
@@ -874,8 +874,6 @@ def _elements(variable):
     return int(np.prod(variable.shape.as_list(), dtype=np.int64))
 
 
-def _variable_bytes(variable):
-    return _elements(variable) * variable.dtype.base_dtype.size
 
 
 # ---------------------------------------------------------------------------------------
