@@ -282,11 +282,9 @@ def _recompute_plan(view, recompute_ops, policy, *, reasons, recompute_reason, p
     return plan
 
 
-def none(view, *, pins=None, host_device=None):
-    """No recomputation: every tensor backprop reads is kept (pins still apply)."""
-    plan = keep_all(view, pins=pins, host_device=host_device)
-    log.info("%s", summary(plan))
-    return plan
+#: No recomputation: every tensor backprop reads is kept (pins still apply). The same
+#: policy as ``checkpoints="none"``, :func:`ome.policies.select.keep_all`.
+none = keep_all
 
 
 def selective(view, *, pins=None, host_device=None):
