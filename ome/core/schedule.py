@@ -23,7 +23,6 @@ import dataclasses
 import enum
 import heapq
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -126,12 +125,7 @@ class _Need:
 def forced_keep(view):
     """``{tensor: reason}`` for saved forward tensors that must stay KEEP (computed once
     per view: every decision is checked against it)."""
-    if view not in _FORCED_KEEP:
-        _FORCED_KEEP[view] = _forced_keep(view)
-    return _FORCED_KEEP[view]
-
-
-_FORCED_KEEP = weakref.WeakKeyDictionary()
+    return view.derived("forced_keep", lambda: _forced_keep(view))
 
 
 def _forced_keep(view):
@@ -214,14 +208,9 @@ def backward_leaves(view):
 def _levels(view, deferred=(), leaves_first=False):
     """:func:`_compute_levels`, computed once per view and arguments (planning one view
     asks for the same levels many times; callers only read them)."""
-    memo = _LEVELS.setdefault(view, {})
-    key = (tuple(deferred), leaves_first)
-    if key not in memo:
-        memo[key] = _compute_levels(view, deferred, leaves_first)
-    return memo[key]
-
-
-_LEVELS = weakref.WeakKeyDictionary()
+    deferred = tuple(deferred)
+    return view.derived(("levels", deferred, leaves_first),
+                        lambda: _compute_levels(view, deferred, leaves_first))
 
 
 def _compute_levels(view, deferred, leaves_first):
