@@ -162,9 +162,8 @@ class _Options:
         if checkpoints == "optimal" and cost_model is None and self.budget is None:
             log.warning("checkpoints='optimal' without cost_model: planned from static "
                         "estimates (each gradient alive to the step's end, no kernel "
-                        "scratch memory), which can choose worse than 'auto' (ResNet-50 "
-                        "measured 148 MiB memory_cost against auto's 110); measure the step "
-                        "with ome.profile and pass cost_model=")
+                        "scratch memory), which can choose a plan that measures worse than "
+                        "'auto''s; measure the step with ome.profile and pass cost_model=")
         if batch_size is not None and (isinstance(batch_size, bool) or
                                        not isinstance(batch_size, int) or batch_size < 1):
             raise errors.InvalidArgumentError(
@@ -257,7 +256,7 @@ def _policy_plan(view, options, static_bytes):
     if options.swap == "auto" and not options.measured:
         log.warning("swap='auto' weighs swaps against recomputation by measured costs: "
                     "without cost_model=ome.profile(...) it swaps nothing (static estimates "
-                    "misjudge both: they raised ResNet-50's device peak from 379 to 394 MiB)")
+                    "misjudge both, and swaps chosen by them can raise the device peak)")
     elif options.swap == "auto":
         plan = planner.swap_auto(view, plan, options.host_device, options.model,
                                  pins=options.pins, hold_gradients=options.hold_gradients)

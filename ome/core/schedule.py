@@ -320,15 +320,13 @@ def sibling_pairs(view, sched, reads):
     (:attr:`Schedule.side_by_side`): two backward ops that read one tensor backprop made,
     neither reading the other, as a convolution's input and filter gradients both read
     its output's gradient. TensorFlow's executor runs such ops at once in plain backprop,
-    and on two cores a pair run so takes less time than one op after the other
-    (ResNet-50: the enforced order alone measured 1.10x plain's step without pairs,
-    1.065x with them, docs/RESULTS.md). ``reads``: :func:`event_reads` for the same schedule.
+    and with more than one core a pair run so takes less time than one op after the other
+    (docs/RESULTS.md). ``reads``: :func:`event_reads` for the same schedule.
 
     Never a pair where one op makes a variable's gradient and the other reads that
     variable, unless the gradient is held for that read (:attr:`Schedule.holds`): the
-    update could then run while the read does, and copy the variable (OpenAI's plan on
-    InceptionV4, whose gradients are not held, measured 499 MiB with such pairs against
-    434 without)."""
+    update could then run while the read does, and copy the variable, which raises the
+    peak of a plan whose gradients are not held."""
     backward = set(view.backward)
     held = {g: set(ops) for g, ops in sched.holds}
     # each gradient's reads of its variable that its update does not wait for
@@ -649,8 +647,8 @@ def gradient_holds(view, sched):
     An optimizer updating a variable while a kernel still reads its value (the executor
     runs a weight's ``Conv2DBackpropFilter`` and ``Conv2DBackpropInput`` at once; a copy
     of a recomputed conv reads its weight late) must copy the variable first
-    (copy-on-write), and the old value stays until that read ends: on ResNet-50 at batch
-    16, 112x112 the held gradients measured about 30 MiB less at the peak.
+    (copy-on-write), and the old value stays until that read ends: holding the gradient
+    until then keeps that copy out of the peak.
     """
     copied = set(sched.copied_ops)
     backward = set(view.backward)

@@ -21,17 +21,16 @@ but not the updates, an update runs beside such a read as soon as its gradient i
 unless the gradient is held. In a plan that changes nothing, an update the profile saw
 copy its variable for a kernel running beside it (``CostModel.update_copies``) holds the
 copy while it runs; a rewritten step's chain runs no reader beside an update but those
-the replay sees (ResNet-50's OpenAI speed-mode plan: no update allocated a copy in a
-traced step, where adding the profile's copies over-predicted its peak by 6%). A held gradient
-(``Schedule.holds``) starts its update's delay only once the ops it waits for have run,
+the replay sees (adding the profile's copies there would over-predict the peak). A held
+gradient (``Schedule.holds``) starts its update's delay only once the ops it waits for have run,
 and its update copies nothing. A cost model with measured scratch memory (``ome.profile``)
 adds each kernel's scratch bytes while it runs, and a plan that changes nothing (plain
 ``tf.gradients``, run in the executor's order) the bytes its updates leave allocated
 beyond a rewritten step's (``CostModel.plain_resident_extra``), or, where the profile
 measured it (``CostModel.plain_peak_bytes``), the profiled plain step's own peak less the
 resident bytes: plain backprop runs in the executor's order, two kernels at once and its
-updates copying into whatever chunks are free (ResNet-18 and ResNet-34, batch 8, 64x64:
-replayed 7-10% below the measured peak, 2026-11-29). It is a prediction for planning;
+updates copying into whatever chunks are free, which a replay under-predicts. It is a
+prediction for planning;
 ``ome.measure`` is the judge.
 """
 import heapq

@@ -853,8 +853,9 @@ def _device_bytes(step):
         for v in stage_vars:
             slots = _slots(step.optimizer, v)
             home.update((owned.ref(), device) for owned in [v] + slots)
+            # the weight, its gradient (as many bytes) and its optimizer slots
             parameters[device] = parameters.get(device, 0) + sum(
-                capture.static_bytes(u.shape, u.dtype) for u in [v, v] + slots)  # v twice: and its gradient
+                capture.static_bytes(u.shape, u.dtype) for u in [v, v] + slots)
     resident = {}
     for v in step.loss.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
         device = home.get(v.ref()) or (canonical_device(v.device) if v.device

@@ -1,9 +1,9 @@
 """The OME planner: which tensors go to the host, and plans fitted to a memory budget.
 
 Pure Python over a :class:`ome.core.graphview.GraphView`. A
-:class:`ome.core.costs.CostModel` turns a plan's added work into seconds: copied ops' run times, and each swap's round trip minus
-the compute it overlaps. ``ome.core.simulate`` replays the plan's schedule
-to predict the device peak; measurement remains the judge.
+:class:`ome.core.costs.CostModel` turns a plan's added work into seconds: copied ops' run
+times, and each swap's round trip minus the compute it overlaps. ``ome.core.simulate``
+replays the plan's schedule to predict the device peak; measurement remains the judge.
 """
 import dataclasses
 import logging
@@ -40,9 +40,8 @@ def _predicted_as_planned(view, plan, model, hold_gradients):
 
 
 # The least share of the simulated peak swap="auto"'s swaps (and the descent's plans)
-# must save: the simulator's tolerance (benchmark.py --simulator-check). Measured with
-# exact device peaks (docs/RESULTS.md), swaps predicted to save less raised the peak:
-# ResNet-50 388 -> 406 MiB for a predicted 3 MiB saving, InceptionV4 477 -> 498 for 3 MiB.
+# must save: the simulator's tolerance (benchmark.py --simulator-check). Swaps predicted
+# to save less raised the measured peak (docs/RESULTS.md).
 SWAP_MIN_SAVING = 0.05
 # The shares of a plan's simulated peak :func:`_descent` tries in turn, for swap="auto" and
 # lowest_at_no_more_time, while a plan fits them at no more added time than the plan.
@@ -54,13 +53,12 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     """``plan``, or the optimal planner's plan with the lowest device peak found that,
     under ``model``, adds no more time, its peak or its time less.
 
-    First :func:`ome.policies.search.optimal`'s smallest-peak plan; when that adds more time, its
-    plans under each share of ``plan``'s peak in :data:`DESCENT_SHARES` in turn
+    First :func:`ome.policies.search.optimal`'s smallest-peak plan; when that adds more
+    time, its plans under each share of ``plan``'s peak in :data:`DESCENT_SHARES` in turn
     (:func:`_descent`). ``checkpoints="auto"`` with a cost model: the cut heuristic
-    spaces its cuts by bytes alone (ResNet-50 with a profile, held, simulated: 95.8 MiB
-    and 0.484 s added for the cuts, 88.9 MiB and 0.400 s for the planner).
+    spaces its cuts by bytes alone, so the planner finds plans both lower and faster.
     ``checkpoints="speed"``: keeping every conv output holds more than the time it saves
-    needs (ResNet-50: 196.2 MiB and 0.159 s added; the planner 146.5 MiB and 0.113 s).
+    needs.
     ``host_device``: for swaps the user pinned only. ``hold_gradients``: both held, as
     :func:`ome.policies.search.optimal` plans them.
     """
@@ -111,8 +109,7 @@ def _descent(view, peak, seconds, policy, **search):
 
 # The least share of plain backprop's predicted peak a rewrite must save for ome to build
 # it rather than plain tf.gradients: below it the prediction differs from plain's by a
-# few small tensors freed a little sooner (VGG16 at 32x32: 76 bytes of 130 MiB), which
-# no rewrite is worth.
+# few small tensors freed a little sooner, which no rewrite is worth.
 MIN_SAVING = 0.001
 
 
@@ -186,15 +183,12 @@ def side_by_side(view, plan, model=STATIC, static_bytes=0):
 # Share of a budget the planner leaves free for the simulator's error and the executor's
 # run-to-run variation, with a profile's measured costs. A share of the whole budget, not
 # of its simulated part: where the bytes resident between steps take most of a small
-# budget, the few simulated MiB still err by several. Measured with 5% of the simulated
-# part (docs/RESULTS.md, frontier trials 2026-11-27), ResNet-50's 374 MiB budget measured
-# 375 (270 resident) and InceptionV4's 606 MiB budget 603; 5% of the budget leaves them
-# 19 and 30 MiB. With it, 42 of 45 ResNet-50 budgets (0.55-0.95 of plain's peak, five
-# runs) and 6 of 6 InceptionV4 ones were met; the misses, by 0.1-12.1 MiB, come from which
-# free chunk the allocator gives a large kept activation, which the replay does not model.
+# budget, the few simulated bytes still err by several times a share of themselves
+# (docs/RESULTS.md, the frontier trials). The misses that remain come from which free
+# chunk the allocator gives a large kept activation, which the replay does not model.
 HEADROOM = 0.05
-# The same from static estimates, which know no kernel scratch nor allocator chunks: a
-# 40-layer tanh chain of 1 MiB layers measured 50.0 MiB for a 47.0 MiB prediction.
+# The same from static estimates, which know no kernel scratch nor allocator chunks, so
+# they predict lower than a measurement by more.
 STATIC_HEADROOM = 0.15
 
 

@@ -23,7 +23,7 @@ MIP_GAP = 1e-3
 # More stages than this are merged (keeping the ends crossed by the fewest bytes).
 MAX_STAGES = 400
 # Branch-and-bound nodes HiGHS may explore in one solve: a solve the clock does not cut
-# ends by its work, so a busy machine finds the same plan there, only later.
+# ends by its work, so it finds the same plan however slowly the machine runs it.
 MAX_NODES = 50
 
 

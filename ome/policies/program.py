@@ -185,7 +185,8 @@ class Program:
 
     def _own(self, j):
         """Terms of stage j's recomputed saved tensors, in KiB (negated)."""
-        return [(self.var("r", t), -transient_bytes(self.p.view, t) / UNIT) for t in self.p.members[j]]
+        return [(self.var("r", t), -transient_bytes(self.p.view, t) / UNIT)
+                for t in self.p.members[j]]
 
     def _memory_rows(self):
         """Plain memory at each check plus what the decisions keep alive there: ``A[q]``

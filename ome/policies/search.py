@@ -35,11 +35,9 @@ DEFAULT_TIME_LIMIT = 3.0
 MAX_ROUNDS = 6
 # A search's first solves, and rounds, that ignore the deadline: they end by their own
 # rules (the gap or MAX_NODES). The later ones correct the modelled limit by the plans'
-# errors. With one, ResNet-50 (batch 16, 112x112) with the host and a budget of 0.60 of
-# plain's peak spent its 3 s on a first solve (on a busy machine) whose plan simulated
-# 8% over the limit, and fell back to select.auto's plan, adding 0.283 s a step; a
-# second solve cut at MIN_SOLVE_SECONDS gave its first incumbent (gap 0.63), adding
-# 0.275 s. At 0.62 and 0.65 two rounds still simulated 0.6% and 0.02% over (2026-11-30).
+# errors: with a single uncut solve, a first plan that simulates over the limit leaves
+# only a solve cut to its first incumbent, or the fall-back to select.auto's plan, and a
+# correction can take more than one round.
 UNCUT_SOLVES = 3
 # A plan whose simulated peak is within this share under the limit is tight enough.
 TIGHT = 0.005
@@ -51,8 +49,8 @@ STEP_DOWN = 0.05
 # not help.
 POLISH_MISSES = 3
 # The time limit of those UNCUT_SOLVES, only a safety net: cut by the clock, HiGHS returns
-# its first incumbent (docs/ALGORITHM.md: on a busy machine a ResNet-50 budget got what
-# measures as the smallest-peak plan, adding 100x the time the budget's plan does).
+# its first incumbent, which can be the smallest-peak plan, far slower than the budget's
+# (docs/ALGORITHM.md, section "Optimal planner").
 FIRST_SOLVE_SECONDS = 60.0
 # A later solve gets at least this long, even past the deadline.
 MIN_SOLVE_SECONDS = 0.5
@@ -99,8 +97,9 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     that makes possible (:func:`ome.core.plans.with_gradient_holds`).
     The plan's ``solver`` says how it was found (:class:`ome.core.plans.Solver`).
     Estimates: ``device_peak`` (simulated), ``added_seconds``, ``gap`` (HiGHS's relative
-    optimality gap on the model; nan when no solver plan was chosen), ``solve_seconds``, ``model_peak``, ``limit``,
-    ``polished`` (decisions of the solver's plan undone after the solve).
+    optimality gap on the model; nan when no solver plan was chosen), ``solve_seconds``,
+    ``model_peak``, ``limit``, ``polished`` (decisions of the solver's plan undone after
+    the solve).
     Raises :class:`ome.errors.BudgetError` naming the smallest peak reached when nothing
     fits.
     """
@@ -172,12 +171,10 @@ class Search:
                 # No error to correct by. Either the program kept everything: plain
                 # backprop, whose simulated peak is the profiled step's (the executor's
                 # own order), not a replay, and whose modelled peak is only under the
-                # target (ResNet-50 fell back to its smallest-peak plan here,
-                # 2026-11-29). Or a lower target left the simulated peak over the limit
-                # where it was: the peak is where the model does not look (ResNet-50
-                # with the host at 0.65 of plain's peak: 161.6 MiB simulated for
-                # modelled targets of 161.6, 160.7 and 159.9, 2026-11-30). Step down
-                # until the answer changes.
+                # target (correcting by it would fall back to the smallest-peak plan).
+                # Or a lower target left the simulated peak over the limit where it
+                # was: the peak is where the model does not look. Step down until the
+                # answer changes.
                 bracket.high = min(bracket.high, target)
                 target = max(target - STEP_DOWN * limit * 2 ** stepped,
                              (bracket.low + bracket.high) / 2)
@@ -375,7 +372,7 @@ class Bracket:
             self.limit + trial.model_peak - trial.peak
         if trial is not None and trial.peak > self.limit:
             # a smaller correction can be under the program's tolerances and give the
-            # same plan back (ResNet-50 with the host: 161.55 MiB asked, 161.58 simulated)
+            # same plan back
             wanted = min(wanted, target - TIGHT * self.limit)
         if self.low < wanted < self.high:
             return wanted

@@ -184,9 +184,8 @@ def reserve_device_memory(nbytes=None):
     often gets a whole region or a hole of up to twice its size, and a measured device
     peak then holds bytes that depend on everything the process allocated before. On a
     GPU, TensorFlow maps nearly all of the memory into one region at start unless memory
-    growth is on; this does the same for the emulated accelerator. ResNet-34's LMS step
-    (batch 8, 64x64) peaked at 246.3 MiB, 32.5 of it beyond what its tensors asked;
-    after the reservation at 216.9 MiB, 3.8 beyond (docs/RESULTS.md, 2026-11-29).
+    growth is on; this does the same for the emulated accelerator, so that a measured
+    peak holds little beyond what the step's tensors asked for (docs/RESULTS.md).
 
     ``nbytes``: bytes or a size like ``"8GiB"`` (:func:`ome.core.sizes.parse_bytes`); default
     half the machine's memory. The region is address space until

@@ -128,9 +128,8 @@ class SharedAllocatorPeaks:
     ``device_chunk_waste``: of ``device_peak``, the bytes the device's chunks allocated
     during the records held beyond what their ops asked for. TensorFlow's best-fit (BFC)
     allocator hands out a whole free chunk when it is less than twice the request, so a
-    kernel asking for 22.5 MiB of scratch may hold 42 MiB (ResNet-34's first-block filter
-    gradients, docs/RESULTS.md); which chunk is free depends on what the process allocated
-    before, not on the plan alone.
+    kernel's scratch may hold nearly twice what it asked for (docs/RESULTS.md); which
+    chunk is free depends on what the process allocated before, not on the plan alone.
     """
 
     allocator_peak: int
@@ -460,7 +459,7 @@ def device_peaks(per_device, *, max_mem):
 
     :func:`shared_allocator_peaks` gives the exact figure instead. The accelerator's own
     traced peak is not used: its allocation records miss
-    deallocations on rewritten graphs (tens of MiB still "live" at the end of a step whose
+    deallocations on rewritten graphs (bytes still "live" at the end of a step whose
     resident memory did not grow), so it overstates.
 
     Examples

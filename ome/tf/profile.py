@@ -28,8 +28,8 @@ MIN_SCRATCH_BYTES = 64 * 1024
 # Untraced steps after the traced ones whose peaks count in ``plain_peak_bytes``, as many
 # as ``ome.measure``'s timed steps: plain backprop's peak varies from step to step (the
 # executor runs two kernels at once, its updates copying variables into whatever chunks
-# are free); ResNet-18, batch 8, 64x64: 147.6-177.8 MiB over 25 steps, so the most of
-# three steps fell 11.7% under a later run's most of five (docs/RESULTS.md).
+# are free), so the most of fewer steps can fall well under a later run's most of five
+# (docs/RESULTS.md).
 PEAK_STEPS = 5
 
 
@@ -102,8 +102,8 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
     if not seconds:
         raise InvalidArgumentError(
             f"the traced step ran no op on {stats_device}; pass device= the step runs on")
-    # A kernel takes more scratch beside others than alone (InceptionV4's convolution
-    # gradients: up to 1.8x), and plain and rewritten steps run them differently
+    # A kernel takes more scratch beside others than alone (a convolution gradient's
+    # workspace), and plain and rewritten steps run them differently
     most = {node: max(sizes) for node, sizes in scratch.items()}
     extra = {}
     if host_device is not None:
@@ -147,8 +147,7 @@ def profile_order(costs, plain, ordered, *, rounds=15):
     session's variables would count as the plain step's resident bytes.
 
     ``rounds``: 15 by default. The difference of two medians of noisy steps is itself
-    noisy: on ResNet-50 (batch 16, 112x112) three measurements at 5 rounds gave 0.149,
-    0.265 and 0.184 s, two at 15 rounds 0.174 and 0.202 (2026-11-27).
+    noisy, and more rounds spread it less.
     """
     rounds = check_count("rounds", rounds, minimum=1)
     if not isinstance(costs, CostModel):
