@@ -7,7 +7,8 @@ one of those modes and no swapping. docs/BASELINES.md lists where it still diffe
 OpenAI's TF1 library.
 """
 import ome
-from ome import errors, select
+from ome import errors
+from ome.policies import select
 
 from baselines.core import Built, Timer, graph_of
 

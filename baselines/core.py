@@ -6,10 +6,11 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from ome import errors
+from ome.tf import tfprivate
 
-# Bound at import, like ome.rewrite does, so ome.patch (which replaces tf.gradients) never
-# turns a baseline into ome.
-tf_gradients = tf.gradients
+# TensorFlow's own tf.gradients, which ome's rewrite builds with: ome.patch (which replaces
+# tf.gradients) never turns a baseline into ome.
+tf_gradients = tfprivate.TF_GRADIENTS
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,12 @@
 
 LMS swaps forward tensors that backprop reads far enough away to the host and brings each
 back a few backward steps before its first reader. Here it is a policy: a function from a
-:class:`ome.graphview.GraphView` to a :class:`ome.Plan` that marks those tensors SWAP, run
+:class:`ome.core.graphview.GraphView` to a :class:`ome.Plan` that marks those tensors SWAP, run
 by ome's one rewrite (``ome.gradients(checkpoints=policy)``). Options follow LMS v1
 (``n_tensors``, ``lb``, ``ub``, ``starting_scope``/``starting_op_names``, include/exclude
 scopes and types, ``fuse_swapins``) and v2 (``swapout_threshold``, ``swapin_ahead``,
 ``swapin_groupby``, ``sync_mode``, and an autotune against ``memory_budget`` replaying
-``ome.simulate``). Where it differs from LMS: docs/BASELINES.md (one swap-in per tensor,
+``ome.core.simulate``). Where it differs from LMS: docs/BASELINES.md (one swap-in per tensor,
 started ``lb`` steps of the gradient flow before its first reader).
 
 Logging (``baselines.lms``, INFO) uses LMS's own sentences, e.g.::
@@ -28,10 +28,12 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 import ome
-from ome import errors, host, simulate
-from ome.sizes import parse_bytes
-from ome.plans import make_plan, with_estimates
-from ome.schedule import Decision, forced_keep
+from ome import errors
+from ome.core import simulate
+from ome.tf import host
+from ome.core.sizes import parse_bytes
+from ome.core.plans import make_plan, with_estimates
+from ome.core.schedule import Decision, forced_keep
 
 from baselines.core import Built, Timer, check_int, check_names, graph_of
 

@@ -26,7 +26,8 @@ mode on the zoo's blocks (each fails without it, see docs/BASELINES.md):
 """
 import tensorflow as tf
 
-from ome import capture, errors
+from ome import errors
+from ome.tf import capture
 
 from baselines.core import Built, Timer, graph_of, tf_gradients
 

@@ -19,7 +19,7 @@ Measure every gradient strategy on every model: peak memory, step time, largest 
     python benchmark.py --preset thesis       # 224x224, batch 32 and 128, every model
     python benchmark.py --max-batch --model resnet50 --budget 2GiB
     python benchmark.py --rewrite-timing      # how long ome's graph rewriting takes
-    python benchmark.py --simulator-check     # ome.simulate's predictions vs the sweep
+    python benchmark.py --simulator-check     # ome.core.simulate's predictions vs the sweep
 
 Each (model, strategy, batch) runs in a fresh worker process, so allocator statistics start
 clean; a worker that crashes or times out becomes an `error` row and the others go on.

@@ -9,7 +9,7 @@ from typing import Mapping, NamedTuple, Optional, Tuple
 
 from benchmark_lib import catalog
 from benchmark_lib.protocol import RoundsSpec, RunSpec
-from ome.sizes import parse_bytes
+from ome.core.sizes import parse_bytes
 
 __all__ = ["Preset", "PRESETS", "TRUSTED_STEPS", "RESULTS_FORMAT", "MAX_BATCH_CAP",
            "ConfigError", "RunKey", "RoundsKey", "BenchConfig", "from_args", "check_models"]

@@ -157,8 +157,8 @@ def _setup_tensorflow(devices):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
     import tensorflow as tf
-    from ome import pipeline
-    pipeline.emulate_devices(devices)
+    from ome import host, pipeline
+    host.emulate_host(devices=max(devices, 2))  # a single stage ignores the second CPU
     tf.compat.v1.disable_eager_execution()
     return tf, pipeline
 
@@ -167,7 +167,7 @@ def _measure_one(tf, pipeline, config, args, stages, micro_batches, checkpoint):
     """Build and measure one configuration in a fresh graph;
     ``(measurement, build s, partition)``."""
     from models import gpt
-    from ome.host import session_config
+    from ome.tf.host import session_config
 
     tokens, targets = gpt.synthetic_tokens(args.batch, config.sequence, config.vocab)
     graph = tf.Graph()
@@ -177,7 +177,7 @@ def _measure_one(tf, pipeline, config, args, stages, micro_batches, checkpoint):
         y = tf.compat.v1.placeholder(tf.int32, targets.shape, name="targets")
         start = time.perf_counter()
         step = pipeline.build_pipeline(
-            pipeline.gpt_layers(config), pipeline.gpt_loss(config), t, y, stages=stages,
+            gpt.pipeline_layers(config), gpt.pipeline_loss(config), t, y, stages=stages,
             micro_batches=micro_batches, checkpoint=checkpoint, balance_by=args.balance,
             optimizer=tf.compat.v1.train.MomentumOptimizer(0.01, 0.9))
         built = time.perf_counter() - start

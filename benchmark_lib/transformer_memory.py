@@ -3,9 +3,9 @@
 ``python -m benchmark_lib.transformer_memory`` builds the zoo's GPT training step (momentum
 SGD, float32) once per mode, each in a graph of its own, and measures:
 
-- modes: ``none``, ``selective`` and ``full`` (:mod:`ome.transformer`), ``ome-auto``
+- modes: ``none``, ``selective`` and ``full`` (:mod:`ome.policies.transformer`), ``ome-auto``
   (``ome.gradients(checkpoints="auto")``) and ``ome`` (ome's plan for Transformers:
-  :func:`ome.transformer.optimal_within`, no higher simulated peak and no more added time
+  :func:`ome.policies.transformer.optimal_within`, no higher simulated peak and no more added time
   than selective's, half of the time it saves spent on a lower peak, under a profile of the
   plain step, ``ome.profile``), each through ``ome.gradients``;
 - ``stored``: the tensor bytes allocated during the step and still alive when the forward
@@ -17,7 +17,7 @@ SGD, float32) once per mode, each in a graph of its own, and measures:
   free chunk up to twice the size asked, so chunk bytes vary with what it held before);
 - ``activations``: the highest peak of two steps (:func:`ome.measure.measure`,
   TensorFlow's allocator) minus parameters, gradients and optimizer states, the split
-  :func:`ome.breakdown.measure_breakdown` makes; ``memory_cost`` the peak minus the bytes
+  :func:`ome.estimate.breakdown.measure_breakdown` makes; ``memory_cost`` the peak minus the bytes
   still allocated after the step. Each case runs in a fresh process (one at a time) and
   its modes' memory one mode at a time, with no other session open: the CPU allocator is
   one per process and its figures depend on what it held before;
@@ -58,9 +58,10 @@ import tensorflow as tf  # noqa: E402
 import models  # noqa: E402
 import ome  # noqa: E402
 from models import gpt  # noqa: E402
-from ome import estimate, optimal, transformer  # noqa: E402
-from ome.breakdown import MemoryBreakdown, plot_breakdowns, step_breakdown  # noqa: E402
-from ome.measure import measure, quartiles  # noqa: E402
+from ome import estimate  # noqa: E402
+from ome.policies import transformer  # noqa: E402
+from ome.estimate.breakdown import MemoryBreakdown, plot_breakdowns, step_breakdown  # noqa: E402
+from ome.tf.measure import measure, quartiles  # noqa: E402
 
 __all__ = ["CASES", "MODE_CASES", "MODES", "compare", "plot", "validate", "main"]
 
@@ -206,7 +207,7 @@ def _timed_run(session, step):
 
 
 def _breakdown(step, measured, label):
-    """``measured``'s peak split as :func:`ome.breakdown.measure_breakdown` splits it (the
+    """``measured``'s peak split as :func:`ome.estimate.breakdown.measure_breakdown` splits it (the
     highest peak of several steps: it varies by tens of MiB from step to step)."""
     def size(tensor):
         return tensor.shape.num_elements() * tensor.dtype.base_dtype.size
@@ -299,7 +300,7 @@ def compare(cases=MODE_CASES, modes=MODES, steps=5, say=functools.partial(print,
     -------
     list of dict
         ``model, sequence, batch, mode, plan`` (the :class:`ome.Plan` followed),
-        ``breakdown`` (measured :class:`ome.breakdown.MemoryBreakdown`), ``stored, chunks,
+        ``breakdown`` (measured :class:`ome.estimate.breakdown.MemoryBreakdown`), ``stored, chunks,
         activations, memory_cost, estimated, regenerated`` (bytes; the estimates None for
         ome-auto and ome; ``regenerated`` counts the dropout masks as regenerated),
         ``step_time`` (median seconds), ``step_time_quartiles``, ``time_ratio``.
@@ -368,7 +369,7 @@ def _format_row(row):
 def _format_prediction(row):
     """What the planner predicted for mode ``ome`` against selective, under the profile."""
     estimates = row["plan"].estimates
-    solver = optimal.SOLVER_NAMES.get(estimates.get("solver"), "?")
+    solver = row["plan"].solver.value if row["plan"].solver else "?"
     return (f"{row['model']} s={row['sequence']} b={row['batch']}: simulated peak (no "
             f"variables) selective {estimates['reference_peak'] / _MiB:.2f} MiB, ome "
             f"{estimates['planned_peak'] / _MiB:.2f} MiB; predicted added time selective "

@@ -1,5 +1,5 @@
 """Sizes, durations and one-line text: formatting shared by the benchmark (sizes are parsed
-by :func:`ome.sizes.parse_bytes`, the parser ome itself uses)."""
+by :func:`ome.core.sizes.parse_bytes`, the parser ome itself uses)."""
 import re
 
 __all__ = ["MiB", "format_mib", "format_duration", "format_percent", "one_line", "plural"]

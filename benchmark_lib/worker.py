@@ -97,8 +97,9 @@ def _measure(spec, lock):
     import tensorflow as tf
     import baselines
     import models
-    from ome import errors, host
-    from ome.measure import measure
+    from ome import errors
+    from ome.tf import host
+    from ome.tf.measure import measure
 
     base = dict(model=spec.model, strategy=spec.strategy, batch_size=spec.batch_size,
                 image_size=spec.image_size)
@@ -185,7 +186,7 @@ def _profile(spec, lock):
     import tensorflow as tf
     import models
     import ome
-    from ome import host
+    from ome.tf import host
     from ome.gradients import ordered_backprop
 
     def session_of(step, graph):
@@ -217,9 +218,9 @@ def _rounds(spec, lock):
     import tensorflow as tf
     import baselines
     import models
-    from ome import host
+    from ome.tf import host
     from ome.gradients import ordered_backprop
-    from ome.measure import quartiles
+    from ome.tf.measure import quartiles
 
     costs = _profile(spec, lock) if spec.profile else None
     runs, failed, predicted = {}, {}, {}
@@ -312,7 +313,7 @@ def main(argv=None):
     spec = protocol.decode_spec(argv[0])
     with _CpuLock(getattr(spec, "measure_lock", None)) as lock:  # before TensorFlow loads
         _configure_logging()
-        from ome import host
+        from ome.tf import host
         host.emulate_host()  # before any TF op or session in this process
         import tensorflow as tf
         tf.compat.v1.disable_eager_execution()

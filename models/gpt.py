@@ -45,7 +45,7 @@ from typing import Any, Dict
 import numpy as np
 import tensorflow as tf
 
-from ome import estimate
+from ome import estimate, pipeline
 from ome.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = [
@@ -400,3 +400,53 @@ def _gelu(x):
     """GPT-2's tanh-approximate GELU, as ``x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))``."""
     with tf.name_scope("gelu"):
         return x * tf.sigmoid(_GELU_SCALE * (x + _GELU_CUBIC * tf.pow(x, 3.0)))
+
+
+# -- as pipeline stages -----------------------------------------------------------------
+
+def pipeline_layers(config, *, training=True, scope="gpt"):
+    """This GPT as :class:`ome.pipeline.Layer` s (for :func:`ome.pipeline.build_pipeline`):
+    the embeddings, one layer per block, and the head (final LayerNorm and tied-embedding
+    logits).
+
+    Variables get the names :func:`build_gpt` gives them (``gpt/wte``,
+    ``gpt/h0/ln_1/gamma``, ...), so weights move between the two by name. Dropout (at
+    ``config.dropout`` when ``training``) is drawn per micro-batch.
+    """
+    rate = config.dropout if training else 0.0
+
+    def dropout(x):  # unseeded: each micro-batch draws its own mask
+        return tf.nn.dropout(x, rate=rate) if rate else x
+
+    def embed(tokens):
+        wte = _variable("wte", [config.vocab, config.hidden], INIT_STDDEV)
+        wpe = _variable("wpe", [config.positions, config.hidden], POSITION_INIT_STDDEV)
+        x = tf.gather(wte.value(), tokens, name="embed") + wpe[:config.sequence]
+        return dropout(x)
+
+    def block(x):
+        mask = _causal_bias(config.sequence)
+        return _block_fn(config, dropout, mask, [])(x)
+
+    def head(x):
+        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
+            wte = _variable("wte", [config.vocab, config.hidden], INIT_STDDEV)
+        x = _layer_norm(x, "ln_f")
+        logits = tf.matmul(tf.reshape(x, [-1, config.hidden]), wte, transpose_b=True,
+                           name="logits")
+        return tf.reshape(logits, [-1, config.sequence, config.vocab], name="logits_3d")
+
+    blocks = [pipeline.Layer(block, f"h{i}", f"{scope}/h{i}") for i in range(config.layers)]
+    return [pipeline.Layer(embed, "embed", scope), *blocks,
+            pipeline.Layer(head, "head", scope)]
+
+
+def pipeline_loss(config):
+    """Mean next-token cross-entropy of GPT logits ``[b, s, vocab]`` against targets
+    ``[b, s]`` (the loss of :func:`models.build_train_step`), for
+    :func:`ome.pipeline.build_pipeline`."""
+    def loss(logits, targets):
+        flat = tf.reshape(logits, [-1, config.vocab])
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tf.reshape(targets, [-1]), logits=flat), name="loss")
+    return loss

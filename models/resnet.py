@@ -26,6 +26,7 @@ import functools
 import tensorflow as tf
 
 from models import layers
+from ome import pipeline
 
 __all__ = ["LAYOUTS", "MIN_IMAGE_SIZE", "build_resnet"]
 
@@ -103,3 +104,34 @@ def build_resnet(name, images, *, num_classes, training, data_format,
                         x = unit_fn(x)
         x = layers.global_avg_pool(x, data_format=data_format, name="pool5")
         return layers.dense(x, num_classes, name="logits")
+
+
+# -- as pipeline stages -----------------------------------------------------------------
+
+def pipeline_layers(name, *, num_classes=1000, training=True, data_format="NHWC"):
+    """ResNet ``name`` as :class:`ome.pipeline.Layer` s (for
+    :func:`ome.pipeline.build_pipeline`): the stem (conv, pool), one layer per residual
+    unit, and the head (global pool, dense). Variable names are those of
+    :func:`build_resnet`. Batch norm uses per-micro-batch statistics."""
+    kind, blocks_per_stage = LAYOUTS[name]
+    block = _basic_block if kind == "basic" else _bottleneck_block
+
+    def stem(images):
+        x = layers.conv_bn(images, 64, 7, 2, training=training, data_format=data_format,
+                           name="conv1")
+        return layers.max_pool(x, 3, 2, data_format=data_format, name="pool1")
+
+    def unit(filters, stride):
+        return lambda x: block(x, filters, stride, training=training, data_format=data_format)
+
+    def head(x):
+        x = layers.global_avg_pool(x, data_format=data_format, name="pool5")
+        return layers.dense(x, num_classes, name="logits")
+
+    found = [pipeline.Layer(stem, "stem", name)]
+    for stage, (filters, blocks) in enumerate(zip(_STAGE_FILTERS, blocks_per_stage)):
+        for u in range(blocks):
+            stride = 2 if stage > 0 and u == 0 else 1
+            found.append(pipeline.Layer(unit(filters, stride), f"block{stage + 1}/unit_{u + 1}",
+                                        f"{name}/block{stage + 1}/unit_{u + 1}"))
+    return found + [pipeline.Layer(head, "head", name)]

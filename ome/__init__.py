@@ -6,8 +6,8 @@
     with ome.GradientTape() as tape: ...            # inside tf.function
     model = ome.keras.wrap(model)                   # Keras 3 model.fit (imports keras)
 
-Names are imported on first use, so the planning modules (``ome.plans``, ``ome.schedule``,
-``ome.simulate``, ``ome.optimal``, ``ome.planner``, ``ome.sizes``) import without TensorFlow.
+Names are imported on first use, so the layers below TensorFlow (``ome.core``,
+``ome.policies``) import without it. The layout: docs/ALGORITHM.md, section "Layout".
 """
 import importlib
 import importlib.util
@@ -20,11 +20,12 @@ from ome import errors
 _EXPORTS = {
     "apply_plan": "gradients", "capture_view": "gradients", "gradients": "gradients",
     "plan": "gradients", "ordered_backprop": "gradients", "patch": "patch",
-    "profile": "profile", "profile_order": "profile", "GradientTape": "tape",
-    "CostModel": "costs", "Decision": "plans", "Plan": "plans", "explain": "plans",
+    "profile": "tf.profile", "profile_order": "tf.profile", "GradientTape": "tape",
+    "CostModel": "core.costs", "Decision": "core.plans", "Plan": "core.plans",
+    "explain": "core.plans",
 }
 
-__all__ = ["errors", *_EXPORTS, "keras", "pipeline"]
+__all__ = ["errors", *_EXPORTS, "keras", "pipeline", "host", "estimate"]
 
 
 class _Package(types.ModuleType):

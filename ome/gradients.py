@@ -12,18 +12,20 @@ import time
 
 import tensorflow as tf
 
-from ome import capture as capture_mod
-from ome import (errors, host, optimal, planner, plans, rewrite, select, sizes, tfprivate,
-                 transformer)
-from ome.costs import STATIC, CostModel
-from ome.plans import Plan, make_plan
-from ome.schedule import Decision
+from ome.tf import capture as capture_mod
+from ome import errors
+from ome.core import plans, sizes
+from ome.policies import planner, search, select, transformer
+from ome.tf import host, rewrite, tfprivate
+from ome.core.costs import STATIC, CostModel
+from ome.core.plans import Plan, make_plan
+from ome.core.schedule import Decision
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_MODES = ("auto", "optimal", "memory", "speed", "collection", "none", "selective",
                     "full")
-# Transformer policies (ome.transformer): named by the user for their trade, so built as
+# Transformer policies (ome.policies.transformer): named by the user for their trade, so built as
 # asked even where the simulator predicts no lower peak.
 TRANSFORMER_MODES = ("selective", "full")
 _UNCONNECTED = ("none", "zero")
@@ -162,9 +164,8 @@ class _Options:
         if checkpoints == "optimal" and cost_model is None and self.budget is None:
             log.warning("checkpoints='optimal' without cost_model: planned from static "
                         "estimates (each gradient alive to the step's end, no kernel "
-                        "scratch memory), which can choose worse than 'auto' (ResNet-50 "
-                        "measured 148 MiB memory_cost against auto's 110); measure the step "
-                        "with ome.profile and pass cost_model=")
+                        "scratch memory), which can choose a plan that measures worse than "
+                        "'auto''s; measure the step with ome.profile and pass cost_model=")
         if batch_size is not None and (isinstance(batch_size, bool) or
                                        not isinstance(batch_size, int) or batch_size < 1):
             raise errors.InvalidArgumentError(
@@ -241,24 +242,12 @@ def _log_assumed_batch(options, forward):
                  options.sizing_batch)
 
 
-def _static_bytes(graph):
-    """Bytes of every variable the step's graph holds (weights and optimizer slots)."""
-    total = 0
-    for op in graph.get_operations():
-        if op.type in ("VarHandleOp", "VariableV2"):
-            shape = tf.TensorShape(op.get_attr("shape"))
-            dtype = tf.as_dtype(op.get_attr("dtype"))
-            if shape.is_fully_defined():
-                total += shape.num_elements() * dtype.size
-    return total
-
-
 def make_policy_plan(view, options, graph):
     """The Plan ``options`` ask for on captured ``view``; its ``device_peak`` estimate
     counts what stays allocated between steps (the profile's resident bytes, else the
     variables)."""
     resident = options.model.resident_bytes
-    static_bytes = _static_bytes(graph) if resident is None else resident
+    static_bytes = capture_mod.graph_variable_bytes(graph) if resident is None else resident
     view = options.model.sized(view)
     plan = _held(view, _policy_plan(view, options, static_bytes), options, static_bytes)
     if options.wait_for_leaves:
@@ -283,7 +272,7 @@ def _policy_plan(view, options, static_bytes):
         # swap="auto" swaps by measured costs only, as the warning below says; swaps the
         # user pinned go to the host regardless
         weighed = options.swap != "auto" or options.measured or options.pinned_swaps
-        plan = optimal.optimal(view, model=options.model, pins=options.pins,
+        plan = search.optimal(view, model=options.model, pins=options.pins,
                                host_device=options.host_device if weighed else None,
                                hold_gradients=options.hold_gradients)
     elif isinstance(options.checkpoints, str):
@@ -302,7 +291,7 @@ def _policy_plan(view, options, static_bytes):
     if options.swap == "auto" and not options.measured:
         log.warning("swap='auto' weighs swaps against recomputation by measured costs: "
                     "without cost_model=ome.profile(...) it swaps nothing (static estimates "
-                    "misjudge both: they raised ResNet-50's device peak from 379 to 394 MiB)")
+                    "misjudge both, and swaps chosen by them can raise the device peak)")
     elif options.swap == "auto":
         plan = planner.swap_auto(view, plan, options.host_device, options.model,
                                  pins=options.pins, hold_gradients=options.hold_gradients)
@@ -343,7 +332,7 @@ def _held(view, plan, options, static_bytes):
 
 def _no_worse_than_plain(view, plan, model, static_bytes):
     """``plan``, or plain backprop when the simulator predicts ``plan`` saves less than
-    :data:`ome.planner.MIN_SAVING` of plain's peak: ome never raises memory by its own
+    :data:`ome.policies.planner.MIN_SAVING` of plain's peak: ome never raises memory by its own
     choice, nor rewrites the graph for nothing."""
     if plan.changes_nothing():
         return plan
@@ -392,7 +381,7 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
 
 @tf.autograph.experimental.do_not_convert
 def capture_view(ys, xs, grad_ys=None, *, batch_size=None):
-    """The :class:`ome.graphview.GraphView` of ``tf.gradients(ys, xs, grad_ys)``, captured
+    """The :class:`ome.core.graphview.GraphView` of ``tf.gradients(ys, xs, grad_ys)``, captured
     from a copy of the graph (the graph itself is never touched): what every policy reads."""
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     _refuse_preview(ys, "ome.capture_view")

@@ -21,7 +21,8 @@ import warnings
 import keras
 import tensorflow as tf
 
-from ome import errors, tfprivate
+from ome import errors
+from ome.tf import tfprivate
 from ome.gradients import gradients
 from ome.tape import GradientTape
 

@@ -7,7 +7,8 @@ Like OpenAI's library, this swaps the function object TensorFlow's own modules l
 import inspect
 import logging
 
-from ome import errors, tfprivate
+from ome import errors
+from ome.tf import tfprivate
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ with tf.Graph().as_default():
 # One region for the emulated accelerator's allocator, as a GPU's has by default: grown from
 # 2 MiB, a tensor may get a whole region up to twice its size, and what a test measures
 # would depend on what the tests before it allocated.
-import ome.host  # noqa: E402
+import ome.tf.host  # noqa: E402
 
 RESERVED = ome.host.reserve_device_memory()
 

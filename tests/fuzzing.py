@@ -36,8 +36,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import ome
-from ome import planner
-from ome.costs import CostModel
+from ome.policies import planner
+from ome.core.costs import CostModel
 from ome.errors import InternalError, OmeError
 from tests.randomgraphs import TOLERANCE, Interior, tf_gradients_options
 

@@ -12,10 +12,11 @@ import tensorflow as tf
 import baselines
 import models
 import ome
-from ome import errors, planner
-from ome.costs import CostModel
-from ome.host import session_config
-from ome.measure import measure
+from ome import errors
+from ome.policies import planner
+from ome.core.costs import CostModel
+from ome.tf.host import session_config
+from ome.tf.measure import measure
 from tests import graphs
 
 MiB = 2 ** 20

@@ -118,7 +118,7 @@ def test_default_strategies_skip_aliases_and_budget_strategies_without_a_budget(
 
 
 def test_device_peaks_subtract_the_host_in_emulation():
-    from ome.measure import DeviceMemory, Measurement, device_peaks
+    from ome.tf.measure import DeviceMemory, Measurement, device_peaks
     cpu0, cpu1 = DeviceMemory(30, 0, 30), DeviceMemory(7, 0, 7)
     assert device_peaks({"/device:CPU:0": cpu0, "/device:CPU:1": cpu1}, max_mem=140) == (133, 7)
     assert device_peaks({"/device:CPU:0": cpu0}, max_mem=140) == (140, None)
@@ -913,7 +913,7 @@ def test_worker_logs_are_echoed_with_the_run_label():
     said = []
     on_log = runner._echo(RunKey("resnet18", "lms", 2), said.append)
     on_log(protocol.LogRecord("baselines.lms", "INFO", "Editing model for LMS"))
-    on_log(protocol.LogRecord("ome.rewrite", "DEBUG", "detail"))
+    on_log(protocol.LogRecord("ome.tf.rewrite", "DEBUG", "detail"))
     on_log(protocol.LogRecord("benchmark", "WARNING", "run failed"))
     assert said == ["    [resnet18/lms b=2] Editing model for LMS"]
 

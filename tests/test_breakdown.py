@@ -1,4 +1,4 @@
-"""ome.breakdown: the measured split of a training step, the dataclass and the bar chart.
+"""ome.estimate.breakdown: the measured split of a training step, the dataclass and the bar chart.
 
 The measurement runs in a child process that chooses the BFC CPU allocator before TensorFlow
 starts: CPU memory statistics need a tracking allocator, and oneDNN's (the default one) is
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from models import gpt
-from ome.breakdown import MemoryBreakdown, plot_breakdowns
+from ome.estimate.breakdown import MemoryBreakdown, plot_breakdowns
 from ome.errors import InvalidArgumentError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +27,7 @@ CHILD = textwrap.dedent("""
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     import models
-    from ome.breakdown import step_breakdown
+    from ome.estimate.breakdown import step_breakdown
 
     step = models.build_train_step("gpt-tiny", 2, 16, optimizer="momentum")
     with tf.compat.v1.Session() as session:

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome import capture, errors
+from ome import errors
+from ome.tf import capture
 from tests import graphs
 
 

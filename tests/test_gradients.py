@@ -5,7 +5,9 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors, rewrite, select
+from ome import errors
+from ome.policies import select
+from ome.tf import rewrite
 from tests import graphs, randomgraphs
 
 MODES = ["auto", "memory", "speed", "collection", "list"]

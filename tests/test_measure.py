@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ome import host
+from ome.tf import host
 from ome.errors import (
     BudgetError,
     DeviceError,
@@ -24,15 +24,8 @@ from ome.errors import (
     OmeError,
     OutOfMemoryError,
 )
-from ome.measure import (
-    DeviceMemory,
-    Measurement,
-    SharedAllocatorPeaks,
-    measure,
-    peak_from_records,
-    per_device_memory,
-    shared_allocator_peaks,
-)
+from ome.tf.measure import (DeviceMemory, Measurement, SharedAllocatorPeaks, measure,
+    peak_from_records, per_device_memory, shared_allocator_peaks)
 
 MiB = 1 << 20
 SHAPE = [256, 1024]  # float32: exactly 1 MiB

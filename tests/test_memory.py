@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome.measure import measure
+from ome.tf.measure import measure
 from tests import graphs
 
 MiB = 2 ** 20

@@ -1,4 +1,4 @@
-"""The optimal planner (ome.optimal) on hand-built views, then on real models.
+"""The optimal planner (ome.policies.search) on hand-built views, then on real models.
 
 Hand-built views: every tensor is 1 MiB unless said otherwise; the backward mirrors the
 forward (``TanhGrad`` reads its op's output, a ``MatMul`` gradient reads its input), and
@@ -16,12 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ome import errors, optimal, planner, schedule, select, simulate
-from ome.costs import STATIC, CostModel
-from ome.graphview import build_view
+from ome import errors
+from ome.core import costs, schedule, simulate
+from ome.policies import planner, problem, search, select
+from ome.core.costs import STATIC, CostModel
+from ome.core.graphview import build_view
 from tests.test_schedule import resource_variables
-from ome.plans import make_plan
-from ome.schedule import Decision
+from ome.core.plans import Solver, make_plan
+from ome.core.schedule import Decision
 
 MiB = 2**20
 HOST = "/device:CPU:1"
@@ -87,7 +89,7 @@ def every_plan(view, choices=(Decision.RECOMPUTE,), model=STATIC, host_device=No
         decisions = dict(zip(tensors, picked))
         plan = make_plan(view, decisions, {}, "brute force", host_device=host_device)
         found.append((simulate.simulate(view, plan, model).device_peak,
-                      planner.added_seconds(view, plan, model)))
+                      costs.added_seconds(view, plan, model)))
     return found
 
 
@@ -97,7 +99,7 @@ def cheapest_under(found, limit):
 
 def assert_optimal_at_every_limit(view, found, **options):
     for limit in sorted({peak for peak, _ in found}):
-        plan = optimal.optimal(view, limit=limit, **options)
+        plan = search.optimal(view, limit=limit, **options)
         assert plan.estimates["device_peak"] <= limit
         assert simulate.simulate(view, plan, options.get("model", STATIC)).device_peak <= limit
         assert plan.estimates["added_seconds"] == pytest.approx(
@@ -128,7 +130,7 @@ def test_without_a_limit_the_peak_is_the_smallest_and_then_the_cheapest():
     view = residual(2)
     found = every_plan(view)
     smallest = min(peak for peak, _ in found)
-    plan = optimal.optimal(view)
+    plan = search.optimal(view)
     assert plan.estimates["device_peak"] == smallest
     assert plan.estimates["added_seconds"] == pytest.approx(cheapest_under(found, smallest))
 
@@ -138,10 +140,10 @@ def test_without_a_limit_the_peak_is_the_smallest_and_then_the_cheapest():
 def test_never_worse_than_auto_and_says_where_the_plan_came_from():
     view = chain(12)
     auto = simulate.simulate(view, select.auto(view)).device_peak
-    plan = optimal.optimal(view)
+    plan = search.optimal(view)
     assert plan.policy == "optimal"
     assert plan.estimates["device_peak"] <= auto
-    assert plan.estimates["solver"] in optimal.SOLVER_NAMES
+    assert isinstance(plan.solver, Solver)
     assert {"added_seconds", "gap", "solve_seconds", "model_peak"} <= set(plan.estimates)
     assert str(plan).startswith("Plan[optimal]")
 
@@ -149,9 +151,9 @@ def test_never_worse_than_auto_and_says_where_the_plan_came_from():
 def test_a_limit_plain_backprop_fits_keeps_everything():
     view = chain(6)
     plain = simulate.simulate(view, select.keep_all(view)).device_peak
-    plan = optimal.optimal(view, limit=plain)
+    plan = search.optimal(view, limit=plain)
     assert plan.changes_nothing() and plan.estimates["added_seconds"] == 0
-    assert plan.estimates["solver"] == optimal.SOLVER_PLAIN
+    assert plan.solver == Solver.PLAIN
 
 
 def test_a_limit_just_below_the_profiled_plain_peak_gets_a_cheap_plan(monkeypatch):
@@ -162,7 +164,7 @@ def test_a_limit_just_below_the_profiled_plain_peak_gets_a_cheap_plan(monkeypatc
     # memory rows read auxiliary variables HiGHS leaves loose, 2026-11-29). The search must step down until something changes, not fall
     # back to the smallest-peak plan (ResNet-50 at a 660 MiB budget: 0.22 s a step
     # where a plan adding 0.0005 s fitted).
-    solve = optimal._Problem.solve
+    solve = problem.Problem.solve
 
     def loose_peak(self, target, seconds):
         solution, elapsed = solve(self, target, seconds)
@@ -171,13 +173,13 @@ def test_a_limit_just_below_the_profiled_plain_peak_gets_a_cheap_plan(monkeypatc
             solution = dataclasses.replace(solution, model_peak=target)
         return solution, elapsed
 
-    monkeypatch.setattr(optimal._Problem, "solve", loose_peak)
+    monkeypatch.setattr(problem.Problem, "solve", loose_peak)
     view = chain(6, costs={1: 5e9, 4: 3e9})
     replay = simulate.simulate(view, select.keep_all(view)).device_peak
     model = CostModel(resident_bytes=0, plain_peak_bytes=replay + 10 * MiB)
     found = every_plan(view, model=model)
     limit = replay + 9 * MiB
-    plan = optimal.optimal(view, limit=limit, model=model)
+    plan = search.optimal(view, limit=limit, model=model)
     assert not plan.changes_nothing() and plan.estimates["device_peak"] <= limit
     assert plan.estimates["added_seconds"] == pytest.approx(cheapest_under(found, limit))
 
@@ -185,7 +187,7 @@ def test_a_limit_just_below_the_profiled_plain_peak_gets_a_cheap_plan(monkeypatc
 def test_the_limit_is_met_by_the_simulated_peak():
     view = chain(20)
     for limit in ("7MiB", 10 * MiB, "15 MiB"):
-        plan = optimal.optimal(view, limit=limit)
+        plan = search.optimal(view, limit=limit)
         peak = simulate.simulate(view, plan).device_peak
         assert peak == plan.estimates["device_peak"] <= planner.parse_bytes(limit)
         assert plan.count(Decision.RECOMPUTE) > 0
@@ -204,39 +206,39 @@ def test_the_first_solves_end_by_their_own_rules_not_the_deadline(monkeypatch):
         calls.append(dict(options))  # milp pops what it reads
         return real(*args, options=options, **kwargs)
 
-    solve = optimal._Problem.solve
+    solve = problem.Problem.solve
 
     def misjudged(self, target, seconds):
         # the first solve's model under-counts: its plan simulates over the limit
         targets.append(target)
         return solve(self, target * 1.5 if len(targets) == 1 else target, seconds)
 
-    real = optimal.milp
-    monkeypatch.setattr(optimal, "milp", recorded)
-    monkeypatch.setattr(optimal._Problem, "solve", misjudged)
+    real = problem.milp
+    monkeypatch.setattr(problem, "milp", recorded)
+    monkeypatch.setattr(problem.Problem, "solve", misjudged)
     view = chain(20)
-    plan = optimal.optimal(view, limit=10 * MiB, time_limit=1e-9)
-    uncut = optimal.UNCUT_SOLVES
+    plan = search.optimal(view, limit=10 * MiB, time_limit=1e-9)
+    uncut = search.UNCUT_SOLVES
     assert len(calls) >= 2 and uncut >= 2
-    assert all(c["time_limit"] >= optimal.FIRST_SOLVE_SECONDS for c in calls[:uncut])
-    assert all(c["node_limit"] == optimal.MAX_NODES for c in calls)
-    assert all(c["time_limit"] == optimal.MIN_SOLVE_SECONDS for c in calls[uncut:])
-    assert plan.estimates["solver"] == optimal.SOLVER_OPTIMAL
+    assert all(c["time_limit"] >= search.FIRST_SOLVE_SECONDS for c in calls[:uncut])
+    assert all(c["node_limit"] == problem.MAX_NODES for c in calls)
+    assert all(c["time_limit"] == search.MIN_SOLVE_SECONDS for c in calls[uncut:])
+    assert plan.solver == Solver.OPTIMAL
     assert plan.estimates["device_peak"] <= 10 * MiB and plan.recomputed
 
 
 def test_an_infeasible_limit_names_the_smallest_peak_reached():
     view = chain(6)
-    smallest = optimal.optimal(view).estimates["device_peak"]
+    smallest = search.optimal(view).estimates["device_peak"]
     with pytest.raises(errors.BudgetError, match="smallest peak reached is") as raised:
-        optimal.optimal(view, limit=smallest - MiB)
+        search.optimal(view, limit=smallest - MiB)
     assert f"({int(smallest)} bytes" in str(raised.value)
 
 
 def test_pins_are_honoured():
     view = chain(6)
     pins = {"a5:0": "recompute", "a1:0": "keep", "a2:0": Decision.SWAP}
-    plan = optimal.optimal(view, limit=5 * MiB, pins=pins, host_device=HOST)
+    plan = search.optimal(view, limit=5 * MiB, pins=pins, host_device=HOST)
     assert plan.decision("a5:0") == Decision.RECOMPUTE
     assert plan.decision("a1:0") == Decision.KEEP
     assert plan.decision("a2:0") == Decision.SWAP and "a2:0" in plan.swapped
@@ -245,9 +247,9 @@ def test_pins_are_honoured():
 
 def test_swaps_only_with_a_host_device():
     view = chain(6)
-    assert not optimal.optimal(view, limit=4 * MiB).swapped
+    assert not search.optimal(view, limit=4 * MiB).swapped
     with pytest.raises(errors.InvalidArgumentError, match="host_device"):
-        optimal.optimal(view, pins={"a2:0": "swap"})
+        search.optimal(view, pins={"a2:0": "swap"})
 
 
 @pytest.mark.parametrize("options, message", [
@@ -256,7 +258,7 @@ def test_swaps_only_with_a_host_device():
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(errors.InvalidArgumentError, match=message):
-        optimal.optimal(chain(4), **options)
+        search.optimal(chain(4), **options)
 
 
 def test_a_graph_with_nothing_to_recompute_keeps_everything():
@@ -264,16 +266,16 @@ def test_a_graph_with_nothing_to_recompute_keeps_everything():
                ("a", "RandomUniform", ["x:0"], 1, {"recomputable": False, "reason": "stateful"}),
                ("y", "Sum", ["a:0"], 1)]
     view = view_of(forward, seed() + [("ga", "Mul", ["a:0", "g_y:0"], 1)], "ga:0")
-    plan = optimal.optimal(view)
+    plan = search.optimal(view)
     assert plan.changes_nothing()
     with pytest.raises(errors.BudgetError):
-        optimal.optimal(view, limit=MiB // 2)
+        search.optimal(view, limit=MiB // 2)
 
 
 def test_the_frontier_trades_time_for_memory():
     view = chain(12)
     limits = [6 * MiB, 8 * MiB, 10 * MiB, 14 * MiB]
-    points = optimal.frontier(view, [4 * MiB] + limits)
+    points = search.frontier(view, [4 * MiB] + limits)
     assert points[0].device_peak is None
     assert all(p.device_peak <= p.limit for p in points[1:])
     seconds = [p.added_seconds for p in points[1:]]
@@ -348,10 +350,10 @@ def test_random_graphs_fit_their_limit_and_never_beat_brute_force(view):
     found = every_plan(view)
     peaks = sorted({peak for peak, _ in found})
     limit = peaks[len(peaks) // 2] + SLACK
-    plan = optimal.optimal(view, limit=limit)
+    plan = search.optimal(view, limit=limit)
     assert simulate.simulate(view, plan).device_peak <= limit
     assert plan.estimates["added_seconds"] >= cheapest_under(found, limit) - 1e-15
-    smallest = optimal.optimal(view).estimates["device_peak"]
+    smallest = search.optimal(view).estimates["device_peak"]
     assert smallest <= simulate.simulate(view, select.auto(view)).device_peak
 
 
@@ -364,10 +366,10 @@ def test_small_random_graphs_with_swaps_get_the_brute_force_optimum(view):
     model = CostModel(bandwidth=2e11)
     found = every_plan(view, (Decision.RECOMPUTE, Decision.SWAP), model, HOST)
     peaks = sorted({peak for peak, _ in found})
-    smallest = optimal.optimal(view, model=model, host_device=HOST)
+    smallest = search.optimal(view, model=model, host_device=HOST)
     assert smallest.estimates["device_peak"] <= peaks[0] + SLACK
     limit = peaks[len(peaks) // 2] + SLACK
-    plan = optimal.optimal(view, limit=limit, model=model, host_device=HOST)
+    plan = search.optimal(view, limit=limit, model=model, host_device=HOST)
     assert simulate.simulate(view, plan, model).device_peak <= limit
     assert plan.estimates["added_seconds"] == pytest.approx(
         cheapest_under(found, limit), rel=1e-9, abs=1e-15)
@@ -393,14 +395,14 @@ def test_resnet200_plans_in_five_seconds_and_the_plan_gives_tf_gradients():
         _, loss, variables = _resnet("resnet200", 1, 64)
         view = ome.capture_view(loss, variables)
     started = time.perf_counter()
-    smallest = optimal.optimal(view)
+    smallest = search.optimal(view)
     assert time.perf_counter() - started < 5.0
     plain = simulate.simulate(view, select.keep_all(view)).device_peak
     assert smallest.estimates["device_peak"] <= \
         simulate.simulate(view, select.auto(view)).device_peak
     limit = (smallest.estimates["device_peak"] + plain) // 2
     started = time.perf_counter()
-    plan = optimal.optimal(view, limit=limit)
+    plan = search.optimal(view, limit=limit)
     assert time.perf_counter() - started < 5.0
     assert plan.estimates["device_peak"] <= limit and plan.recomputed
 
@@ -451,7 +453,7 @@ def test_the_smallest_peak_undoes_what_the_min_peak_program_over_recomputes():
                              host_device=HOST)
     assert simulate.simulate(view, recompute_f0, model).device_peak <= 5 * MiB + SLACK
     assert simulate.simulate(view, select.keep_all(view), model).device_peak >= 6 * MiB
-    smallest = optimal.optimal(view, model=model, host_device=HOST)
+    smallest = search.optimal(view, model=model, host_device=HOST)
     assert smallest.estimates["device_peak"] <= 5 * MiB + SLACK
     assert smallest.recomputed == ("f0:0",) and smallest.estimates["polished"] == 1
 
@@ -463,9 +465,9 @@ def test_with_held_gradients_the_planner_plans_the_order_holding_makes_safe():
     # a before g_w2, which then runs first and frees it, peaks at a + g_b + g_w2 = 10 MiB.
     view = resource_variables(weight_gradient_first=False, a_bytes=5 * MiB)
     model = CostModel(gradient_lifetime="update", update_delays={"g_w2": 5})
-    unheld = optimal.optimal(view, model=model)
+    unheld = search.optimal(view, model=model)
     assert unheld.changes_nothing() and unheld.estimates["device_peak"] == 13 * MiB
-    held = optimal.optimal(view, model=model, hold_gradients=True)
+    held = search.optimal(view, model=model, hold_gradients=True)
     assert held.recomputed == ("a:0",) and held.estimates["device_peak"] == 10 * MiB
     assert held.schedule.leaves_first and held.schedule.holds
     assert simulate.simulate(view, held, model).device_peak == 10 * MiB

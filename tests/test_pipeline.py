@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import gpt
+from models import gpt, resnet
 from ome import pipeline
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError
-from ome.host import session_config
+from ome.tf.host import session_config
 from tests.test_keras import run_script
 
 TINY_GPT = gpt.GPTConfig(layers=2, hidden=32, heads=4, vocab=64, positions=16, sequence=16,
@@ -173,7 +173,7 @@ def gpt_reference(steps):
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(0)
         t, y = placeholders(tokens, targets)
-        loss = pipeline.gpt_loss(TINY_GPT)(gpt.build_gpt(t, TINY_GPT).logits, y)
+        loss = gpt.pipeline_loss(TINY_GPT)(gpt.build_gpt(t, TINY_GPT).logits, y)
         variables = tf.compat.v1.trainable_variables()
         grads = [tf.convert_to_tensor(g) for g in tf.gradients(loss, variables)]
         train = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).apply_gradients(
@@ -195,7 +195,7 @@ def test_gpt_pipeline_trains_like_the_unpipelined_model(graph):
     tokens, targets = gpt.synthetic_tokens(BATCH, TINY_GPT.sequence, TINY_GPT.vocab)
     t, y = placeholders(tokens, targets)
     step = pipeline.build_pipeline(
-        pipeline.gpt_layers(TINY_GPT), pipeline.gpt_loss(TINY_GPT), t, y, stages=2,
+        gpt.pipeline_layers(TINY_GPT), gpt.pipeline_loss(TINY_GPT), t, y, stages=2,
         micro_batches=4, checkpoint=True,
         optimizer=tf.compat.v1.train.MomentumOptimizer(0.1, 0.9))
     assert sorted(v.op.name for v in step.variables) == sorted(initial)
@@ -259,8 +259,8 @@ def test_checkpointing_lowers_measured_peak_activation_memory():
 def test_partition_balances_the_estimated_cost(graph):
     config = TINY_GPT.replace(layers=6)
     t, y = placeholders(*gpt.synthetic_tokens(BATCH, config.sequence, config.vocab))
-    estimates = pipeline.estimate_layers(pipeline.gpt_layers(config), t, y,
-                                         pipeline.gpt_loss(config), micro_batch=4)
+    estimates = pipeline.estimate_layers(gpt.pipeline_layers(config), t, y,
+                                         gpt.pipeline_loss(config), micro_batch=4)
     assert not graph.get_operations()[2:]  # estimated on a scratch graph
     assert [e.name for e in estimates] == ["embed"] + [f"h{i}" for i in range(6)] + ["head"]
     assert estimates[1].parameters == 12 * 32 * 32 + 13 * 32
@@ -306,7 +306,7 @@ def build(**changes):
      "2 stages for 1 layers"),
     (dict(devices=["/device:CPU:0", "/device:CPU:7"]), DeviceError,
      "'/device:CPU:7' does not exist"),
-    (dict(stages=3), DeviceError, r"3 stages need 3 devices .*emulate_devices\(3\)"),
+    (dict(stages=3), DeviceError, r"3 stages need 3 devices .*emulate_host\(devices=3\)"),
     (dict(devices=["/cpu:0", "/cpu:0"]), InvalidArgumentError, "must be distinct"),
     (dict(stages=2, partition=[3, 2]), InvalidArgumentError, "summing to the 4 layers"),
     (dict(stages=2, checkpoint=[True]), InvalidArgumentError, "2 bools"),
@@ -358,7 +358,7 @@ def test_resnet_layers_equal_the_zoo_resnet(graph):
             values = dict(zip([v.op.name for v in variables], session.run(variables)))
             expected = session.run(tf.gradients(loss, variables), {x: images, y: labels})
     x, y = placeholders(images, labels)
-    step = pipeline.build_pipeline(pipeline.resnet_layers("resnet18", num_classes=10),
+    step = pipeline.build_pipeline(resnet.pipeline_layers("resnet18", num_classes=10),
                                    pipeline.classification_loss, x, y, stages=2,
                                    checkpoint=True)
     assert [v.op.name for v in step.variables] == list(values)
@@ -399,8 +399,8 @@ def test_grid_model_splits_parameters_evenly_by_parameters_not_by_cost(graph):
     holds almost no parameters since the tied table lives on device 0)."""
     args, config = grid_config()
     t, y = placeholders(*gpt.synthetic_tokens(args.batch, config.sequence, config.vocab))
-    estimates = pipeline.estimate_layers(pipeline.gpt_layers(config), t, y,
-                                         pipeline.gpt_loss(config), micro_batch=1)
+    estimates = pipeline.estimate_layers(gpt.pipeline_layers(config), t, y,
+                                         gpt.pipeline_loss(config), micro_batch=1)
     assert sum(e.parameters for e in estimates) == gpt.param_count(config)
     for k in (2, 4):
         devices = [f"/device:CPU:{i}" for i in range(k)]

@@ -2,8 +2,10 @@
 import pytest
 
 import ome
-from ome import errors, select, simulate
-from ome.plans import Decision
+from ome import errors
+from ome.core import simulate
+from ome.policies import select
+from ome.core.plans import Decision
 from tests import graphs
 
 POLICIES = sorted(set(select.POLICIES) - {"none"})

@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors, host
+from ome import errors
+from ome.tf import host
 from ome.gradients import ordered_backprop
 from tests import graphs
 

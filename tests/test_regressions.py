@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 import ome
-from ome import errors, rewrite
+from ome import errors
+from ome.tf import rewrite
 
 RNG = np.random.RandomState(0)
 

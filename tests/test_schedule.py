@@ -8,12 +8,13 @@ import dataclasses
 
 import pytest
 
-from ome import errors, optimal, planner, schedule, select, simulate
-from ome.costs import STATIC, CostModel
-from ome.graphview import GraphView, build_view
-from ome.plans import (Plan, make_plan, with_gradient_holds, with_leaf_waits,
-                       with_side_by_side)
-from ome.schedule import Decision
+from ome import errors
+from ome.core import costs, schedule, simulate
+from ome.policies import planner, search, select
+from ome.core.costs import STATIC, CostModel
+from ome.core.graphview import GraphView, build_view
+from ome.core.plans import Plan, make_plan, with_gradient_holds, with_leaf_waits, with_side_by_side
+from ome.core.schedule import Decision
 
 MiB = 2**20
 
@@ -321,7 +322,7 @@ def test_plan_and_view_round_trip_through_json():
     assert loaded.ops["g_b"].in_tf1_frame
     plan = plan_of(view, {"b:0": Decision.RECOMPUTE, "a:0": Decision.SWAP},
                    host_device="/device:CPU:1")
-    from ome.plans import Plan
+    from ome.core.plans import Plan
     assert Plan.from_json(plan.to_json()) == plan
     text = str(plan)
     assert "recompute group 0" in text and "swap a:0" in text
@@ -382,7 +383,7 @@ def test_measured_scratch_memory_counts_while_its_op_runs_and_its_copies_run():
     # Recomputed: b's copy runs after g_c with a, c (y reads it last), g_c and the copy.
     assert simulate.simulate(view, recomputed).device_peak < 14 * MiB
     assert simulate.simulate(view, recomputed, model).device_peak == 14 * MiB
-    assert planner.added_seconds(view, recomputed, model) == 0.5
+    assert costs.added_seconds(view, recomputed, model) == 0.5
     assert CostModel.from_json(model.to_json()) == model
 
 
@@ -392,8 +393,8 @@ def test_a_plan_that_changes_anything_adds_the_measured_order_cost():
     view = chain()
     plain, recomputed = plan_of(view, {}), plan_of(view, {"b:0": Decision.RECOMPUTE})
     model = CostModel(op_seconds={"b": 0.5}, order_seconds=0.25)
-    assert planner.added_seconds(view, plain, model) == 0.0
-    assert planner.added_seconds(view, recomputed, model) == 0.75
+    assert costs.added_seconds(view, plain, model) == 0.0
+    assert costs.added_seconds(view, recomputed, model) == 0.75
     assert "the enforced order +0.250 s a step" in str(model)
     assert CostModel.from_json(model.to_json()) == model
     assert CostModel.from_dict({"bandwidth": 1e9}).order_seconds == 0.0  # older saves
@@ -606,7 +607,7 @@ INSTANT_COPIES = CostModel(bandwidth=1e18)
 def test_swap_auto_finds_the_lowest_peak_with_swaps_at_no_more_added_time(caplog):
     view = tanh_chain(8)
     plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
-    with caplog.at_level("INFO", logger="ome.planner"):
+    with caplog.at_level("INFO", logger="ome.policies.planner"):
         swapped = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
     # rebuilding t6 and t7 at backprop's start: t1, t3, t5, both copies, y and its seed
     assert simulate.simulate(view, plan, INSTANT_COPIES).device_peak == 5 * MiB + 8
@@ -625,8 +626,8 @@ def test_swap_auto_keeps_the_plan_when_swaps_cost_more_time_than_its_recomputati
     plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
     # a slow link whose copies run beside nothing: each swap costs more than a tanh
     slow = CostModel(bandwidth=1e3, transfer_overlap=0.0)
-    assert planner.swap_cost(view, "t2:0", slow) == 2 * MiB / 1e3
-    with caplog.at_level("INFO", logger="ome.planner"):
+    assert costs.swap_cost(view, "t2:0", slow) == 2 * MiB / 1e3
+    with caplog.at_level("INFO", logger="ome.policies.planner"):
         unchanged = planner.swap_auto(view, plan, "/device:CPU:1", slow)
     assert unchanged is plan and not unchanged.swapped
     assert "none swapped" in caplog.text and "more than explicit's" in caplog.text
@@ -639,7 +640,7 @@ def test_swap_auto_leaves_the_plan_when_no_swap_saves_enough(caplog):
     everything = planner.with_swaps(view, plan, ["t1:0", "t3:0"], "/device:CPU:1", reason="r")
     assert simulate.simulate(view, plan, INSTANT_COPIES).device_peak == 105 * MiB + 8
     assert simulate.simulate(view, everything, INSTANT_COPIES).device_peak == 103 * MiB + 8
-    with caplog.at_level("INFO", logger="ome.planner"):
+    with caplog.at_level("INFO", logger="ome.policies.planner"):
         unchanged = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
     assert unchanged is plan and not unchanged.swapped
     assert "no plan fits 99.8 MiB" in caplog.text and "none swapped" in caplog.text
@@ -654,7 +655,7 @@ def test_auto_with_costs_takes_the_optimal_plan_when_it_is_no_higher_and_faster(
                                   "t4": 0.01, "t5": 0.001})
     cuts = select.auto(view)
     assert sorted(cuts.checkpoints) == ["t1:0", "t3:0"]
-    with caplog.at_level("INFO", logger="ome.planner"):
+    with caplog.at_level("INFO", logger="ome.policies.planner"):
         chosen = planner.lowest_at_no_more_time(view, cuts, model)
     before = planner.with_predictions(view, cuts, model).estimates
     assert (before["device_peak"], before["added_seconds"]) == (5 * MiB + 4, pytest.approx(0.022))
@@ -675,9 +676,9 @@ def test_a_plan_with_costs_takes_the_lowest_optimal_plan_that_adds_no_more_time(
     slow = select.explicit(view, [f"t{i}:0" for i in range(8) if i != 6])
     assert planner.with_predictions(view, slow, model).estimates["added_seconds"] == \
         pytest.approx(0.010)
-    with caplog.at_level("INFO", logger="ome.planner"):
+    with caplog.at_level("INFO", logger="ome.policies.planner"):
         chosen = planner.lowest_at_no_more_time(view, slow, model)
-    assert optimal.optimal(view, model=model).estimates["added_seconds"] == \
+    assert search.optimal(view, model=model).estimates["added_seconds"] == \
         pytest.approx(0.014)
     assert chosen.policy == "explicit:optimal"
     assert sorted(chosen.recomputed) == ["t1:0", "t2:0", "t4:0"]
@@ -689,7 +690,7 @@ def test_a_plan_with_costs_takes_the_lowest_optimal_plan_that_adds_no_more_time(
 def test_auto_with_costs_keeps_a_plan_the_optimal_plan_would_slow_down(caplog):
     view = tanh_chain(6)
     everything = select.keep_all(view)  # no time added: nothing can be faster
-    with caplog.at_level("INFO", logger="ome.planner"):
+    with caplog.at_level("INFO", logger="ome.policies.planner"):
         kept = planner.lowest_at_no_more_time(view, everything, INSTANT_COPIES)
     assert kept is everything
     assert "do not improve on none's" in caplog.text
@@ -698,10 +699,10 @@ def test_auto_with_costs_keeps_a_plan_the_optimal_plan_would_slow_down(caplog):
 def test_a_swap_hides_at_most_the_share_of_its_transfer_that_runs_beside_compute():
     view = tanh_chain(8)
     round_trip = 2 * MiB / 1e6
-    window = planner._window_seconds(view, "t2:0", STATIC)
+    window = costs.window_seconds(view, "t2:0", STATIC)
     assert 0 < window < round_trip
-    assert planner.swap_cost(view, "t2:0", CostModel(bandwidth=1e6)) == round_trip - window
-    assert planner.swap_cost(view, "t2:0", CostModel(bandwidth=1e6, transfer_overlap=0.0)) \
+    assert costs.swap_cost(view, "t2:0", CostModel(bandwidth=1e6)) == round_trip - window
+    assert costs.swap_cost(view, "t2:0", CostModel(bandwidth=1e6, transfer_overlap=0.0)) \
         == round_trip
     with pytest.raises(errors.InvalidArgumentError, match="transfer_overlap must be between"):
         CostModel(transfer_overlap=1.5)

@@ -1,12 +1,9 @@
-"""ome.sizes: the one parser of memory sizes, and the planning modules importing without
-TensorFlow."""
-import subprocess
-import sys
-
+"""ome.core.sizes: the one parser of memory sizes (that the layers below TensorFlow import
+without it: tests/test_layout.py)."""
 import pytest
 
 from ome import errors
-from ome.sizes import format_bytes, parse_bytes
+from ome.core.sizes import format_bytes, parse_bytes
 
 MiB = 2**20
 
@@ -37,18 +34,3 @@ def test_a_bad_size_is_refused_naming_what_it_was_for(value, fragment):
 def test_format_bytes_picks_the_unit():
     assert [format_bytes(n) for n in (12, 3 * 2**10, 1.5 * MiB, 2**31)] == [
         "12 B", "3.0 KiB", "1.5 MiB", "2.0 GiB"]
-
-
-def test_planning_imports_without_tensorflow_and_the_functions_keep_their_names():
-    """The planning modules run without TensorFlow; importing a submodule named like a
-    function (``ome.gradients``, ``ome.profile``) leaves ``ome.gradients`` the function."""
-    script = (
-        "import sys, ome.planner, ome.optimal, ome.simulate, ome.schedule, ome.sizes\n"
-        "print('tf before', 'tensorflow' in sys.modules)\n"
-        "import ome.keras, ome.profile, ome\n"
-        "print(ome.gradients.__module__, ome.profile.__module__, ome.patch.__module__,\n"
-        "      ome.plan.__name__, ome.errors.BudgetError.__name__, ome.host.__name__)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == ["tf", "before", "False", "ome.gradients", "ome.profile", "ome.patch", "plan",
-                   "BudgetError", "ome.host"]

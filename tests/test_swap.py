@@ -8,8 +8,8 @@ import tensorflow as tf
 
 import ome
 from ome import errors
-from ome.host import session_config
-from ome.measure import measure
+from ome.tf.host import session_config
+from ome.tf.measure import measure
 from tests import graphs
 from tests.scripts import swap_against_recompute
 

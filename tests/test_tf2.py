@@ -4,11 +4,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.test_keras import script_env
+
 
 def test_inside_tf_function_equal_and_smaller():
     script = Path(__file__).parent / "scripts" / "tf2_function.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=600, check=True).stdout
+                         timeout=600, check=True, env=script_env()).stdout
     assert "GRADIENTS EQUAL" in out
     peaks = dict(re.findall(r"PEAK (\S+) ([0-9.]+)", out))
     print(peaks)

@@ -1,4 +1,4 @@
-"""ome.transformer: none / selective / full recomputation on the zoo's tiny GPT and on an
+"""ome.policies.transformer: none / selective / full recomputation on the zoo's tiny GPT and on an
 attention model written by hand (other op names, Einsum instead of BatchMatMul)."""
 import functools
 import json
@@ -13,10 +13,11 @@ import tensorflow as tf
 import models
 import ome
 from models import gpt
-from ome import estimate, optimal, planner, transformer
+from ome import estimate
+from ome.policies import planner, transformer
 from ome.errors import InvalidArgumentError, NoBottleneckError
-from ome.plans import with_estimates
-from ome.schedule import Decision
+from ome.core.plans import Solver, with_estimates
+from ome.core.schedule import Decision
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTENTION_CORE_TYPES = transformer.SOFTMAX_TYPES | transformer.MATMUL_TYPES \
@@ -207,11 +208,11 @@ def test_optimal_within_falls_back_to_the_mode_when_the_search_is_slower(graph, 
     loss, variables, _, _ = _tiny_gpt(batch=4, sequence=32)
     view = ome.capture_view(loss, variables)
     slow = with_estimates(transformer.full(view), added_seconds=1.0, device_peak=0.0)
-    monkeypatch.setattr(transformer.optimal, "optimal", lambda *args, **kwargs: slow)
+    monkeypatch.setattr(transformer.search, "optimal", lambda *args, **kwargs: slow)
     plan = transformer.optimal_within(view)
     selective = transformer.selective(view)
     assert plan.decisions() == selective.decisions() and plan.recomputed
-    assert plan.estimates["solver"] == optimal.SOLVER_REFERENCE
+    assert plan.solver == Solver.REFERENCE
     assert plan.estimates["added_seconds"] == plan.estimates["reference_seconds"] < 1.0
     assert plan.policy == "optimal within selective"
 

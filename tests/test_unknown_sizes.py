@@ -7,7 +7,7 @@ import tensorflow as tf
 import ome
 import models
 from ome import errors
-from ome.schedule import Decision
+from ome.core.schedule import Decision
 
 BATCH = 8
 # (checkpoints, other options) of every mode that sizes tensors

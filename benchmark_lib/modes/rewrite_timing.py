@@ -41,7 +41,8 @@ def time_rewrite(build):
     "rewrite" figure is building the backward plus applying, as a user pays it.
     """
     import tensorflow as tf
-    from ome import capture, rewrite, select
+    from ome.policies import select
+    from ome.tf import capture, rewrite
 
     with tf.Graph().as_default() as graph:
         ys, xs = build()

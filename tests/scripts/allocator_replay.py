@@ -149,7 +149,7 @@ Replay = collections.namedtuple("Replay", "device_peak requested_at_peak as_reco
 
 
 def replay(events, host_ops, *, host_apart=False, split_above=DEFAULT_SPLIT_ABOVE, reserved=0):
-    """Replay ``events`` (:data:`ome.tfprivate.AllocatorEvent` tuples of one allocator, in
+    """Replay ``events`` (:data:`ome.tf.tfprivate.AllocatorEvent` tuples of one allocator, in
     time order): the device peak (chunk bytes, host chunks left out), the bytes asked at
     it, and how many allocations got the chunk size the records show. ``host_apart``: the
     chunks of ``host_ops`` come from an allocator of their own (growing, as a GPU
@@ -192,8 +192,8 @@ def _record(args, costs_path):
 
     import baselines
     import models
-    from ome import host, measure, tfprivate
-    from ome.costs import CostModel
+    from ome.tf import host, measure, tfprivate
+    from ome.core.costs import CostModel
 
     options = {"batch_size": args.batch_size}
     if costs_path:
@@ -236,7 +236,7 @@ def _profile(args, costs_path):
 
     import models
     import ome
-    from ome import host
+    from ome.tf import host
 
     with tf.Graph().as_default() as graph:
         step = models.build_train_step(args.model, args.batch_size, args.image_size)

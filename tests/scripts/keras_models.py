@@ -9,7 +9,7 @@ import keras
 from keras import layers
 
 from keras_common import assert_ome_rewrote, assert_same_weights, one_step, twins
-from ome import tfprivate
+from ome.tf import tfprivate
 
 rng = np.random.RandomState(0)
 

@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import tensorflow as tf  # noqa: E402
 
-from ome import pipeline  # noqa: E402
+from ome import host, pipeline  # noqa: E402
 
-pipeline.emulate_devices(4)
+host.emulate_host(devices=4)
 tf.compat.v1.disable_eager_execution()
 
 from tests import test_pipeline as common  # noqa: E402

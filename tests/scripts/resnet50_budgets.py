@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
 import ome  # noqa: E402
-from ome.measure import measure  # noqa: E402
+from ome.tf.measure import measure  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 ome.host.reserve_device_memory()  # one region, as a GPU's allocator has by default

@@ -1,4 +1,4 @@
-"""How often ``ome.optimal`` without a limit misses the brute-force smallest peak:
+"""How often ``ome.policies.search.optimal`` without a limit misses the brute-force smallest peak:
 ``python -m tests.scripts.smallest_peak_misses [--graphs 300] [--most-ops 6] [--seed 7]``.
 
 Draws ``--graphs`` random branchy graphs (``tests/test_optimal.py``'s ``random_views``,
@@ -10,9 +10,9 @@ import argparse
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from ome import optimal
-from ome.costs import CostModel
-from ome.schedule import Decision
+from ome.policies import search
+from ome.core.costs import CostModel
+from ome.core.schedule import Decision
 from tests.test_optimal import HOST, MiB, SLACK, every_plan, random_views
 
 
@@ -32,7 +32,7 @@ def main():
     def judge(view):
         brute = min(peak for peak, _ in every_plan(
             view, (Decision.RECOMPUTE, Decision.SWAP), model, HOST))
-        found = optimal.optimal(view, model=model, host_device=HOST)
+        found = search.optimal(view, model=model, host_device=HOST)
         counts["graphs"] += 1
         if found.estimates["device_peak"] > brute + SLACK:
             counts["misses"] += 1

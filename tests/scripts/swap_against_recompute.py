@@ -37,7 +37,7 @@ def _costs(name, batch, size):
     """The cost model of the model's plain gradients, host link included."""
     import tensorflow as tf
     import ome
-    from ome import host
+    from ome.tf import host
     with tf.Graph().as_default():
         step = _step(name, batch, size)
         with tf.compat.v1.Session(config=host.session_config()) as sess:
@@ -50,8 +50,8 @@ def _measured(name, batch, size, **options):
     """The measured and predicted figures of the model's gradients under ``ome.gradients``."""
     import tensorflow as tf
     import ome
-    from ome import host
-    from ome.measure import measure
+    from ome.tf import host
+    from ome.tf.measure import measure
     built = {}
 
     def gradients(ys, xs):
@@ -74,7 +74,7 @@ def _measured(name, batch, size, **options):
 
 def one_process(name, batch, size, checkpoints):
     """Both plans in this process: ``{"recompute": {...}, "swap": {...}}``."""
-    from ome import host
+    from ome.tf import host
     host.emulate_host()  # before TensorFlow's runtime starts
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()

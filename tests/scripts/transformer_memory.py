@@ -26,8 +26,8 @@ import tensorflow as tf  # noqa: E402
 import models  # noqa: E402
 import ome  # noqa: E402
 from benchmark_lib.transformer_memory import _read_by_backward, _stored  # noqa: E402
-from ome import transformer  # noqa: E402
-from ome.measure import measure  # noqa: E402
+from ome.policies import transformer  # noqa: E402
+from ome.tf.measure import measure  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 SEQUENCE, BATCH = 128, 8

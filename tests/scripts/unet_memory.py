@@ -14,7 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import ome  # noqa: E402
-from ome.measure import measure  # noqa: E402
+from ome.tf.measure import measure  # noqa: E402
 from tests import graphs  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import ome
+from ome.tf import tfprivate
 
 LAYERS, WIDTH, BATCH = 12, 64, 256
 # Float32 rounding: ome's backward ops are tf.gradients' own and its copies rerun the same
@@ -87,7 +88,7 @@ def patch_first():
                 raise KeyError("inside the block")
         except KeyError:
             pass
-        assert tf.gradients is genuine and tf.compat.v1.gradients is ome.tfprivate.TF_GRADIENTS_V1
+        assert tf.gradients is genuine and tf.compat.v1.gradients is tfprivate.TF_GRADIENTS_V1
         assert ome.gradients(loss, [w])[0] is not None  # ome itself still works
     print("OK patch error restores")
 
@@ -104,7 +105,7 @@ def graph_routes():
 
         with ome.patch() as calls:
             patched = tf.gradients(loss, variables)
-        assert len(calls) == 1 and tf.gradients is ome.tfprivate.TF_GRADIENTS
+        assert len(calls) == 1 and tf.gradients is tfprivate.TF_GRADIENTS
         assert recomputed_copies(graph, "gradients"), "the patch's plan recomputed nothing"
 
         grads, (plan, _) = ome.gradients(loss, variables, return_info=True)

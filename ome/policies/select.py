@@ -1,6 +1,6 @@
 """Checkpoint policies: functions ``(view, **options) -> Plan``.
 
-Each reads a :class:`ome.graphview.GraphView` (no TensorFlow). A checkpoint policy keeps
+Each reads a :class:`ome.core.graphview.GraphView` (no TensorFlow). A checkpoint policy keeps
 its checkpoints and recomputes every other recomputable tensor of the *region* (the
 forward ops between ``xs`` and ``ys``); tensors that cannot be recomputed are kept.
 ``POLICIES`` is the registry ``ome.gradients(checkpoints=...)`` dispatches through; every
@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from ome import errors
-from ome.plans import make_plan
-from ome.schedule import Decision, check_decision, forced_keep, has_no_bytes
+from ome.core.plans import make_plan
+from ome.core.schedule import Decision, check_decision, forced_keep, has_no_bytes
 
 # OpenAI's library ignored tensors this small (elements) when looking for bottlenecks.
 MIN_CHECKPOINT_ELEMENTS = 1024

@@ -1,7 +1,7 @@
 """The training step as plain data: forward and backward ops, tensors, their order.
 
 A :class:`GraphView` is what every planning module reads. It never imports TensorFlow:
-``ome.capture`` fills it from a graph, and tests (or a JSON file) can build one by hand
+``ome.tf.capture`` fills it from a graph, and tests (or a JSON file) can build one by hand
 with :func:`GraphView.from_dict`, so policies, schedules and the simulator are tested in
 milliseconds on graphs with hand-computed memory.
 
@@ -15,7 +15,8 @@ precomputation from forward values) and run as soon as their inputs exist.
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple
+from types import MappingProxyType
+from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import networkx as nx
 
@@ -78,11 +79,14 @@ class GraphView:
     xs, ys : tensor names. grads: the gradient tensor name of each x (None: no gradient).
     seeds : ops that make the gradients backprop starts from (``tf.gradients``' own
         ``grad_ys_i`` ops, or the producers of the caller's ``grad_ys``).
+
+    A view is immutable (a changed view is a new one, :meth:`with_bytes`), so data derived
+    from it can be kept with it (:meth:`derived`).
     """
 
     def __init__(self, ops, tensors, forward, backward, xs, ys, grads, seeds):
-        self.ops: Dict[str, OpInfo] = dict(ops)
-        self.tensors: Dict[str, TensorInfo] = dict(tensors)
+        self.ops: Mapping[str, OpInfo] = MappingProxyType(dict(ops))
+        self.tensors: Mapping[str, TensorInfo] = MappingProxyType(dict(tensors))
         self.forward: Tuple[str, ...] = tuple(forward)
         self.backward: Tuple[str, ...] = tuple(backward)
         self.xs: Tuple[str, ...] = tuple(xs)
@@ -90,12 +94,28 @@ class GraphView:
         self.grads: Tuple[Optional[str], ...] = tuple(grads)
         self.seeds: Tuple[str, ...] = tuple(seeds)
         self._check()
-        self.position = {op: i for i, op in enumerate(self.forward)}
-        self.position.update({op: len(self.forward) + i for i, op in enumerate(self.backward)})
-        self.consumers: Dict[str, Tuple[str, ...]] = self._consumers()
+        position = {op: i for i, op in enumerate(self.forward)}
+        position.update({op: len(self.forward) + i for i, op in enumerate(self.backward)})
+        self.position: Mapping[str, int] = MappingProxyType(position)
+        self.consumers: Mapping[str, Tuple[str, ...]] = MappingProxyType(self._consumers())
         self.main = self._main_backward()
         self.region = self._region()
         self.maybe_dead = self._maybe_dead()
+        self._derived = {}
+        self._frozen = True
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"a GraphView is immutable (cannot set {name!r}); make a "
+                                 "new one, e.g. with with_bytes()")
+        super().__setattr__(name, value)
+
+    def derived(self, key, compute):
+        """``compute()``, computed once per view and ``key``: data derived from the view
+        that planning asks for many times (callers only read it)."""
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
 
     # -- construction checks and derived data -------------------------------------------
     def _check(self):

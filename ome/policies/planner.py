@@ -1,52 +1,29 @@
 """The OME planner: which tensors go to the host, and plans fitted to a memory budget.
 
-Pure Python over a :class:`ome.graphview.GraphView`. A :class:`ome.costs.CostModel` turns a
-plan's added work into seconds: copied ops' run times, and each swap's round trip minus
-the compute it overlaps. ``ome.simulate`` replays the plan's schedule
-to predict the device peak; measurement remains the judge.
+Pure Python over a :class:`ome.core.graphview.GraphView`. A
+:class:`ome.core.costs.CostModel` turns a plan's added work into seconds: copied ops' run
+times, and each swap's round trip minus the compute it overlaps. ``ome.core.simulate``
+replays the plan's schedule to predict the device peak; measurement remains the judge.
 """
 import dataclasses
 import logging
 import math
 
-from ome import errors, optimal, simulate
-from ome import schedule as schedule_mod
-from ome.costs import STATIC
-from ome.plans import make_plan, with_estimates, with_gradient_holds
-from ome.schedule import Decision
-from ome.sizes import format_bytes, parse_bytes
+from ome import errors
+from ome.core import simulate
+from ome.policies.search import optimal
+from ome.core import schedule as schedule_mod
+from ome.core.costs import STATIC, added_seconds
+from ome.core.plans import make_plan, with_estimates, with_gradient_holds
+from ome.core.schedule import Decision
+from ome.core.sizes import format_bytes, parse_bytes
 
 log = logging.getLogger(__name__)
 
 
-def added_seconds(view, plan, model):
-    """Seconds ``plan`` adds to a step under ``model``: its copies' run times, its swaps'
-    exposed transfers and, when it changes anything (the rewrite then enforces an order),
-    the order's own cost."""
-    if plan.changes_nothing():
-        return 0.0
-    seconds = sum(model.seconds(view, op) for op in plan.schedule.copied_ops)
-    return model.order_seconds + seconds + \
-        sum(swap_cost(view, s.tensor, model) for s in plan.schedule.swaps)
-
-
-def _window_seconds(view, name, model):
-    """Compute between a tensor's swap-out and its first read in backprop: the forward
-    ops after it and about twice as much backward work down to it."""
-    start = view.position[view.tensors[name].op]
-    return 3.0 * sum(model.seconds(view, op) for op in view.forward[start + 1:])
-
-
-def swap_cost(view, name, model):
-    """Seconds a swap of ``name`` adds: the round trip not hidden behind compute (the
-    hidden part at most ``model.transfer_overlap`` of it)."""
-    transfer = 2.0 * model.transfer_seconds(view.tensor_bytes(name))
-    return transfer - min(model.transfer_overlap * transfer, _window_seconds(view, name, model))
-
-
 def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
     """``plan`` with tensors ``names`` moved to ``host_device``; one with no bytes to move
-    (:func:`ome.schedule.has_no_bytes`) is kept, and its reason says so."""
+    (:func:`ome.core.schedule.has_no_bytes`) is kept, and its reason says so."""
     decisions = plan.decisions()
     reasons = {t.tensor: t.reason for t in plan.tensors}
     for t in names:
@@ -55,20 +32,20 @@ def with_swaps(view, plan, names, host_device, *, reason, swap_ahead=1):
         else:
             decisions[t], reasons[t] = Decision.SWAP, reason
     return make_plan(view, decisions, reasons, plan.policy, checkpoints=plan.checkpoints,
-                     host_device=host_device, swap_ahead=swap_ahead, estimates=plan.estimates)
+                     host_device=host_device, swap_ahead=swap_ahead, estimates=plan.estimates,
+                     solver=plan.solver)
 
 
 def _predicted_as_planned(view, plan, model, hold_gradients):
     """``plan`` with its predictions, its gradients held when ``hold_gradients`` (as
-    :func:`ome.optimal.optimal` plans the plans it is compared with)."""
+    :func:`ome.policies.search.optimal` plans the plans it is compared with)."""
     return with_predictions(
         view, with_gradient_holds(view, plan) if hold_gradients else plan, model)
 
 
 # The least share of the simulated peak swap="auto"'s swaps (and the descent's plans)
-# must save: the simulator's tolerance (benchmark.py --simulator-check). Measured with
-# exact device peaks (docs/RESULTS.md), swaps predicted to save less raised the peak:
-# ResNet-50 388 -> 406 MiB for a predicted 3 MiB saving, InceptionV4 477 -> 498 for 3 MiB.
+# must save: the simulator's tolerance (benchmark.py --simulator-check). Swaps predicted
+# to save less raised the measured peak (docs/RESULTS.md).
 SWAP_MIN_SAVING = 0.05
 # The shares of a plan's simulated peak :func:`_descent` tries in turn, for swap="auto" and
 # lowest_at_no_more_time, while a plan fits them at no more added time than the plan.
@@ -80,21 +57,20 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     """``plan``, or the optimal planner's plan with the lowest device peak found that,
     under ``model``, adds no more time, its peak or its time less.
 
-    First :func:`ome.optimal.optimal`'s smallest-peak plan; when that adds more time, its
-    plans under each share of ``plan``'s peak in :data:`DESCENT_SHARES` in turn
+    First :func:`ome.policies.search.optimal`'s smallest-peak plan; when that adds more
+    time, its plans under each share of ``plan``'s peak in :data:`DESCENT_SHARES` in turn
     (:func:`_descent`). ``checkpoints="auto"`` with a cost model: the cut heuristic
-    spaces its cuts by bytes alone (ResNet-50 with a profile, held, simulated: 95.8 MiB
-    and 0.484 s added for the cuts, 88.9 MiB and 0.400 s for the planner).
+    spaces its cuts by bytes alone, so the planner finds plans both lower and faster.
     ``checkpoints="speed"``: keeping every conv output holds more than the time it saves
-    needs (ResNet-50: 196.2 MiB and 0.159 s added; the planner 146.5 MiB and 0.113 s).
+    needs.
     ``host_device``: for swaps the user pinned only. ``hold_gradients``: both held, as
-    :func:`ome.optimal.optimal` plans them.
+    :func:`ome.policies.search.optimal` plans them.
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
     search = dict(model=model, pins=pins, host_device=host_device,
                   hold_gradients=hold_gradients)
-    smallest = optimal.optimal(view, **search)
+    smallest = optimal(view, **search)
     lower, added = smallest.estimates["device_peak"], smallest.estimates["added_seconds"]
     if lower <= peak and added <= seconds and (lower, added) != (peak, seconds):
         chosen = smallest
@@ -116,15 +92,15 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
 
 
 def _descent(view, peak, seconds, policy, **search):
-    """:func:`ome.optimal.optimal`'s plans under each share of ``peak`` in
+    """:func:`ome.policies.search.optimal`'s plans under each share of ``peak`` in
     :data:`DESCENT_SHARES` in turn, while they add no more than ``seconds`` (``policy``'s
     time): ``(plans, why the descent stopped)``, "" when every share was tried.
-    ``search``: :func:`ome.optimal.optimal`'s options."""
+    ``search``: :func:`ome.policies.search.optimal`'s options."""
     found = []
     for share in DESCENT_SHARES:
         limit = int(share * peak)
         try:
-            candidate = optimal.optimal(view, limit=limit, **search)
+            candidate = optimal(view, limit=limit, **search)
         except errors.BudgetError:
             return found, f"no plan fits {format_bytes(limit)}"
         added = candidate.estimates["added_seconds"]  # simulated by optimal
@@ -137,8 +113,7 @@ def _descent(view, peak, seconds, policy, **search):
 
 # The least share of plain backprop's predicted peak a rewrite must save for ome to build
 # it rather than plain tf.gradients: below it the prediction differs from plain's by a
-# few small tensors freed a little sooner (VGG16 at 32x32: 76 bytes of 130 MiB), which
-# no rewrite is worth.
+# few small tensors freed a little sooner, which no rewrite is worth.
 MIN_SAVING = 0.001
 
 
@@ -146,12 +121,12 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=F
     """``plan``, or a plan with swaps that predicts a lower peak at no more added time.
 
     For each share of ``plan``'s simulated peak in :data:`DESCENT_SHARES` in turn,
-    :func:`ome.optimal.optimal` with the host keeps, recomputes or swaps each tensor for
+    :func:`ome.policies.search.optimal` with the host keeps, recomputes or swaps each tensor for
     the least added time under it; the lowest limit whose plan swaps and adds no more
     time than ``plan`` wins. Swapping ``plan``'s own checkpoints would not do: the peak of
     a plan of cuts is the recomputation of its first segment, when every later checkpoint
     is freed already; with the host, the plan itself changes (more tensors kept on the
-    host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.optimal.optimal`
+    host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.policies.search.optimal`
     plans them.
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
@@ -182,7 +157,7 @@ def with_predictions(view, plan, model=STATIC, static_bytes=0):
 
 
 def side_by_side(view, plan, model=STATIC, static_bytes=0):
-    """``plan`` whose sibling backward ops (:func:`ome.schedule.sibling_pairs`) run side by
+    """``plan`` whose sibling backward ops (:func:`ome.core.schedule.sibling_pairs`) run side by
     side wherever that predicts no higher device peak, predicted again; ``plan`` itself
     when it changes nothing (plain backprop's executor runs them so anyway) or when no
     pair fits. A pair holds both kernels' scratch and its first op's inputs until both
@@ -212,15 +187,12 @@ def side_by_side(view, plan, model=STATIC, static_bytes=0):
 # Share of a budget the planner leaves free for the simulator's error and the executor's
 # run-to-run variation, with a profile's measured costs. A share of the whole budget, not
 # of its simulated part: where the bytes resident between steps take most of a small
-# budget, the few simulated MiB still err by several. Measured with 5% of the simulated
-# part (docs/RESULTS.md, frontier trials 2026-11-27), ResNet-50's 374 MiB budget measured
-# 375 (270 resident) and InceptionV4's 606 MiB budget 603; 5% of the budget leaves them
-# 19 and 30 MiB. With it, 42 of 45 ResNet-50 budgets (0.55-0.95 of plain's peak, five
-# runs) and 6 of 6 InceptionV4 ones were met; the misses, by 0.1-12.1 MiB, come from which
-# free chunk the allocator gives a large kept activation, which the replay does not model.
+# budget, the few simulated bytes still err by several times a share of themselves
+# (docs/RESULTS.md, the frontier trials). The misses that remain come from which free
+# chunk the allocator gives a large kept activation, which the replay does not model.
 HEADROOM = 0.05
-# The same from static estimates, which know no kernel scratch nor allocator chunks: a
-# 40-layer tanh chain of 1 MiB layers measured 50.0 MiB for a 47.0 MiB prediction.
+# The same from static estimates, which know no kernel scratch nor allocator chunks, so
+# they predict lower than a measurement by more.
 STATIC_HEADROOM = 0.15
 
 
@@ -246,11 +218,11 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     """Keep / recompute / swap per tensor, for the least added time, so the simulated
     device peak plus ``static_bytes`` fits ``budget``.
 
-    The choice is :func:`ome.optimal.optimal`'s (plain backprop when it fits; swaps only
+    The choice is :func:`ome.policies.search.optimal`'s (plain backprop when it fits; swaps only
     with a ``host_device``). ``static_bytes`` (what stays allocated between steps:
     variables, optimizer slots, or a profile's ``resident_bytes``) count against the
     budget; :func:`headroom` of the budget is left free (:func:`budget_limit`).
-    ``hold_gradients``: as :func:`ome.optimal.optimal`'s. Raises :class:`BudgetError`
+    ``hold_gradients``: as :func:`ome.policies.search.optimal`'s. Raises :class:`BudgetError`
     naming the smallest reachable peak when nothing fits.
     """
     budget = parse_bytes(budget, what="memory budget")
@@ -261,7 +233,7 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
             f"take {format_bytes(static_bytes)} and {headroom(model):.0%} of the budget is "
             "left free")
     try:
-        plan = optimal.optimal(view, limit=limit, model=model, pins=pins,
+        plan = optimal(view, limit=limit, model=model, pins=pins,
                                host_device=host_device, hold_gradients=hold_gradients)
     except errors.BudgetError as err:
         smallest = getattr(err, "smallest", None)

@@ -1,6 +1,6 @@
 """The schedule: what the rewrite builds for a set of per-tensor decisions.
 
-Pure Python over a :class:`ome.graphview.GraphView`. The backward pass is exactly the one
+Pure Python over a :class:`ome.core.graphview.GraphView`. The backward pass is exactly the one
 ``tf.gradients`` built; a decision only changes where a backward op reads a forward
 tensor from:
 
@@ -23,7 +23,6 @@ import dataclasses
 import enum
 import heapq
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -126,12 +125,7 @@ class _Need:
 def forced_keep(view):
     """``{tensor: reason}`` for saved forward tensors that must stay KEEP (computed once
     per view: every decision is checked against it)."""
-    if view not in _FORCED_KEEP:
-        _FORCED_KEEP[view] = _forced_keep(view)
-    return _FORCED_KEEP[view]
-
-
-_FORCED_KEEP = weakref.WeakKeyDictionary()
+    return view.derived("forced_keep", lambda: _forced_keep(view))
 
 
 def _forced_keep(view):
@@ -224,14 +218,9 @@ def backward_leaves(view):
 def _levels(view, deferred=(), leaves_first=False):
     """:func:`_compute_levels`, computed once per view and arguments (planning one view
     asks for the same levels many times; callers only read them)."""
-    memo = _LEVELS.setdefault(view, {})
-    key = (tuple(deferred), leaves_first)
-    if key not in memo:
-        memo[key] = _compute_levels(view, deferred, leaves_first)
-    return memo[key]
-
-
-_LEVELS = weakref.WeakKeyDictionary()
+    deferred = tuple(deferred)
+    return view.derived(("levels", deferred, leaves_first),
+                        lambda: _compute_levels(view, deferred, leaves_first))
 
 
 def _compute_levels(view, deferred, leaves_first):
@@ -341,15 +330,13 @@ def sibling_pairs(view, sched, reads):
     (:attr:`Schedule.side_by_side`): two backward ops that read one tensor backprop made,
     neither reading the other, as a convolution's input and filter gradients both read
     its output's gradient. TensorFlow's executor runs such ops at once in plain backprop,
-    and on two cores a pair run so takes less time than one op after the other
-    (ResNet-50: the enforced order alone measured 1.10x plain's step without pairs,
-    1.065x with them, docs/RESULTS.md). ``reads``: :func:`event_reads` for the same schedule.
+    and with more than one core a pair run so takes less time than one op after the other
+    (docs/RESULTS.md). ``reads``: :func:`event_reads` for the same schedule.
 
     Never a pair where one op makes a variable's gradient and the other reads that
     variable, unless the gradient is held for that read (:attr:`Schedule.holds`): the
-    update could then run while the read does, and copy the variable (OpenAI's plan on
-    InceptionV4, whose gradients are not held, measured 499 MiB with such pairs against
-    434 without)."""
+    update could then run while the read does, and copy the variable, which raises the
+    peak of a plan whose gradients are not held."""
     backward = set(view.backward)
     held = {g: set(ops) for g, ops in sched.holds}
     # each gradient's reads of its variable that its update does not wait for
@@ -423,7 +410,7 @@ def event_outputs(view, kind, name):
 
 def event_reads(view, sched, decisions):
     """For each event, the value keys it reads (one entry per read); ``decisions`` as
-    :meth:`ome.plans.Plan.decisions`."""
+    :meth:`ome.core.plans.Plan.decisions`."""
     rerouted = {}
     for reader, tensor in sched.reroutes:
         kind = "swap_in" if decisions.get(tensor) == Decision.SWAP else "copy"
@@ -670,8 +657,8 @@ def gradient_holds(view, sched):
     An optimizer updating a variable while a kernel still reads its value (the executor
     runs a weight's ``Conv2DBackpropFilter`` and ``Conv2DBackpropInput`` at once; a copy
     of a recomputed conv reads its weight late) must copy the variable first
-    (copy-on-write), and the old value stays until that read ends: on ResNet-50 at batch
-    16, 112x112 the held gradients measured about 30 MiB less at the peak.
+    (copy-on-write), and the old value stays until that read ends: holding the gradient
+    until then keeps that copy out of the peak.
     """
     copied = set(sched.copied_ops)
     backward = set(view.backward)

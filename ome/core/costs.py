@@ -24,15 +24,15 @@ class CostModel:
     ``bandwidth``: host<->device bytes/s (PCIe 3 x16 by default; measured by
     ``ome.profile`` / ``ome.host.measure_bandwidth``). ``transfer_overlap``: the share of a
     transfer's time that can run beside compute (1 by default: a GPU's copy engines; on
-    the emulated host, a memcpy taking a core, measured about 0.1 by ``ome.profile`` /
-    ``ome.host.measure_overlap``). ``flops_per_s``: sustained compute,
+    the emulated host, a memcpy taking a core, far less, as ``ome.profile`` /
+    ``ome.host.measure_overlap`` measure it). ``flops_per_s``: sustained compute,
     used for ops without a measured time. ``op_seconds``: measured run time per op name.
     ``temporaries``: scratch bytes an op's kernel allocates and frees while it runs, by op
     name (measured; e.g. a convolution's workspace), the most of the profiled steps: what
     it takes beside other kernels, as the executor runs a plain step.
     ``temporaries_alone``: the least of the steps, what it takes when it runs alone, as an
-    op of the rewrite's enforced order does (InceptionV4's convolution gradients at batch
-    8, 75x75: 12-27 MiB alone in every ordered step, up to 36.5 MiB beside others).
+    op of the rewrite's enforced order does (a convolution gradient's workspace is smaller
+    alone than beside other kernels).
     ``resident_bytes``: bytes allocated
     between steps (variables, optimizer slots and whatever the runtime keeps); None means
     "count the variables" (the caller's static estimate). ``source`` says where the
@@ -191,3 +191,30 @@ class CostModel:
 
 
 STATIC = CostModel()
+
+
+# -- what a plan adds to a step under a model ----------------------------------------------
+
+def added_seconds(view, plan, model):
+    """Seconds ``plan`` adds to a step under ``model``: its copies' run times, its swaps'
+    exposed transfers and, when it changes anything (the rewrite then enforces an order),
+    the order's own cost."""
+    if plan.changes_nothing():
+        return 0.0
+    seconds = sum(model.seconds(view, op) for op in plan.schedule.copied_ops)
+    return model.order_seconds + seconds + \
+        sum(swap_cost(view, s.tensor, model) for s in plan.schedule.swaps)
+
+
+def window_seconds(view, name, model):
+    """Compute between a tensor's swap-out and its first read in backprop: the forward
+    ops after it and about twice as much backward work down to it."""
+    start = view.position[view.tensors[name].op]
+    return 3.0 * sum(model.seconds(view, op) for op in view.forward[start + 1:])
+
+
+def swap_cost(view, name, model):
+    """Seconds a swap of ``name`` adds: the round trip not hidden behind compute (the
+    hidden part at most ``model.transfer_overlap`` of it)."""
+    transfer = 2.0 * model.transfer_seconds(view.tensor_bytes(name))
+    return transfer - min(model.transfer_overlap * transfer, window_seconds(view, name, model))

@@ -1,10 +1,10 @@
 """Simulator: replay a Plan's schedule op by op and predict device and host memory.
 
-The replay is :func:`ome.schedule.events`: each backward op as soon as it is ready, each
+The replay is :func:`ome.core.schedule.events`: each backward op as soon as it is ready, each
 swap-in and recompute group right after the op its triggers end with, and never an event
 before one the rewrite makes it wait for; for a plan that changes anything, the rewrite
 chains the backward ops, copies and swap-ins in this order
-(:func:`ome.schedule.enforced_order`), so TensorFlow's executor runs them as replayed; a
+(:func:`ome.core.schedule.enforced_order`), so TensorFlow's executor runs them as replayed; a
 pair it lets run side by side (``Schedule.side_by_side``) holds both kernels' scratch and
 the first's inputs until both have run. A
 tensor's buffer is allocated when its op runs and freed when its last reader in the
@@ -21,25 +21,24 @@ but not the updates, an update runs beside such a read as soon as its gradient i
 unless the gradient is held. In a plan that changes nothing, an update the profile saw
 copy its variable for a kernel running beside it (``CostModel.update_copies``) holds the
 copy while it runs; a rewritten step's chain runs no reader beside an update but those
-the replay sees (ResNet-50's OpenAI speed-mode plan: no update allocated a copy in a
-traced step, where adding the profile's copies over-predicted its peak by 6%). A held gradient
-(``Schedule.holds``) starts its update's delay only once the ops it waits for have run,
+the replay sees (adding the profile's copies there would over-predict the peak). A held
+gradient (``Schedule.holds``) starts its update's delay only once the ops it waits for have run,
 and its update copies nothing. A cost model with measured scratch memory (``ome.profile``)
 adds each kernel's scratch bytes while it runs, and a plan that changes nothing (plain
 ``tf.gradients``, run in the executor's order) the bytes its updates leave allocated
 beyond a rewritten step's (``CostModel.plain_resident_extra``), or, where the profile
 measured it (``CostModel.plain_peak_bytes``), the profiled plain step's own peak less the
 resident bytes: plain backprop runs in the executor's order, two kernels at once and its
-updates copying into whatever chunks are free (ResNet-18 and ResNet-34, batch 8, 64x64:
-replayed 7-10% below the measured peak, 2026-11-29). It is a prediction for planning;
+updates copying into whatever chunks are free, which a replay under-predicts. It is a
+prediction for planning;
 ``ome.measure`` is the judge.
 """
 import heapq
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from ome import schedule as schedule_mod
-from ome.costs import STATIC
+from ome.core import schedule as schedule_mod
+from ome.core.costs import STATIC
 
 # Outputs that are views of their first input's buffer.
 ALIAS_OPS = frozenset({"Identity", "StopGradient", "Reshape", "Squeeze", "ExpandDims",
@@ -246,7 +245,7 @@ def held_to_end(view, model):
 
 def _releases(view, sched, events, updated):
     """``{held gradient: the event index of the last op it waits for}``
-    (:attr:`ome.schedule.Schedule.holds`)."""
+    (:attr:`ome.core.schedule.Schedule.holds`)."""
     copied = set(sched.copied_ops)
     position = {event: i for i, event in enumerate(events)}
     return {g: max(position[("copy" if op in copied else "op", op)] for op in ops)

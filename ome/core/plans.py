@@ -1,19 +1,35 @@
 """Plans: the decision for every tensor that matters, and the schedule that builds them.
 
-A :class:`Plan` is frozen plain data. Policies produce it (``ome.select``,
-``ome.planner``, ``baselines``); ``ome.rewrite`` builds exactly its schedule;
-``ome.simulate`` replays the same schedule. It prints as a table (:func:`explain`) and
+A :class:`Plan` is frozen plain data. Policies produce it (``ome.policies.select``,
+``ome.policies.planner``, ``baselines``); ``ome.tf.rewrite`` builds exactly its schedule;
+``ome.core.simulate`` replays the same schedule. It prints as a table (:func:`explain`) and
 round-trips through JSON, so a saved plan can be applied to the same graph later.
 """
+import enum
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional, Tuple
 
 from ome import errors
-from ome import schedule as schedule_mod
-from ome.schedule import Decision, Schedule
+from ome.core import schedule as schedule_mod
+from ome.core.schedule import Decision, Schedule
 
-__all__ = ["Decision", "Plan", "TensorPlan", "explain", "make_plan"]
+__all__ = ["Decision", "Plan", "Solver", "TensorPlan", "explain", "make_plan"]
+
+
+class Solver(enum.Enum):
+    """How the optimal planner found a plan (:attr:`Plan.solver`); the value says it."""
+
+    OPTIMAL = "HiGHS optimal"  # HiGHS proved the model's optimum (within its gap)
+    TIME_LIMIT = "HiGHS node or time limit"  # HiGHS stopped early; ``gap``: how far it got
+    AUTO = "select.auto's plan: no solver plan did better"
+    PLAIN = "plain backprop fits"  # nothing to recompute or swap
+    REFERENCE = "the reference mode's plan: no solver plan was faster"  # optimal_within
+
+    @property
+    def solved(self):
+        """The plan is a solution of the program (not a policy's plan it was compared with)."""
+        return self in (Solver.OPTIMAL, Solver.TIME_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -35,7 +51,8 @@ class Plan:
     ``tensors`` lists every saved forward tensor (backprop reads it) and every tensor a
     recomputation reads or rebuilds. ``checkpoints`` are the tensors the policy chose to
     keep (or swap) as restart points; ``swapped`` those moved to ``host_device``.
-    ``estimates`` holds predictions (bytes, seconds) from ``ome.simulate``.
+    ``estimates`` holds predictions (bytes, seconds) from ``ome.core.simulate``;
+    ``solver``, for the optimal planner's plans, how it was found.
     """
 
     policy: str
@@ -46,6 +63,7 @@ class Plan:
     checkpoints: Tuple[str, ...] = ()
     host_device: Optional[str] = None
     estimates: Dict[str, float] = field(default_factory=dict)
+    solver: Optional[Solver] = None
 
     @property
     def swapped(self):
@@ -75,29 +93,33 @@ class Plan:
     def to_json(self):
         data = asdict(self)
         data["tensors"] = [dict(t, decision=t["decision"].value) for t in data["tensors"]]
+        data["solver"] = None if self.solver is None else self.solver.name
         return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text):
         data = json.loads(text)
+        solver = data.pop("solver", None)
         tensors = tuple(TensorPlan(**dict(
             t, shape=None if t["shape"] is None else tuple(t["shape"]),
             decision=Decision(t["decision"]))) for t in data.pop("tensors"))
         return cls(tensors=tensors, schedule=Schedule.from_dict(data.pop("schedule")),
                    xs=tuple(data.pop("xs")), ys=tuple(data.pop("ys")),
-                   checkpoints=tuple(data.pop("checkpoints")), **data)
+                   checkpoints=tuple(data.pop("checkpoints")),
+                   solver=None if solver is None else Solver[solver], **data)
 
     def __str__(self):
         return explain(self)
 
 
 def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=None,
-              swap_ahead=1, estimates=None, leaves_first=False):
+              swap_ahead=1, estimates=None, solver=None, leaves_first=False):
     """The :class:`Plan` for ``decisions`` ({tensor: Decision}) on ``view``.
 
     ``reasons`` maps tensors to why they got their decision (a default is filled in).
     The listed tensors are the saved ones plus those the schedule copies or reads.
-    ``leaves_first``: the schedule's backward order (:func:`ome.schedule.build`).
+    ``estimates`` and ``solver``: as the plan's fields.
+    ``leaves_first``: the schedule's backward order (:func:`ome.core.schedule.build`).
     """
     built = schedule_mod.build(view, decisions, swap_ahead=swap_ahead,
                                leaves_first=leaves_first)
@@ -120,7 +142,7 @@ def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=N
                                    reasons.get(t) or _default_reason(view, t, decision)))
     return Plan(policy=policy, xs=view.xs, ys=view.ys, tensors=tuple(rows), schedule=built,
                 checkpoints=tuple(checkpoints), host_device=host_device if built.swaps else None,
-                estimates=dict(estimates or {}))
+                estimates=dict(estimates or {}), solver=solver)
 
 
 def _default_reason(view, tensor, decision):
@@ -154,6 +176,8 @@ def explain(plan, *, include_kept=True):
             f"{plan.host_device or '-'}")
     if plan.estimates:
         head += "; " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(plan.estimates.items()))
+    if plan.solver is not None:
+        head += f"; solver: {plan.solver.value}"
     rows = [t for t in plan.tensors if include_kept or t.decision != Decision.KEEP]
     width = max([len(t.tensor) for t in rows] + [6])
     lines = [head, f"{'tensor':<{width}}  {'shape':<20} {'MiB':>9}  {'decision':<9} why"]
@@ -178,8 +202,8 @@ def explain(plan, *, include_kept=True):
 
 def with_gradient_holds(view, plan, *, rewritten=False):
     """``plan`` whose gradients wait for the backward reads of their variables
-    (:func:`ome.schedule.gradient_holds`), its schedule rebuilt with the backward leaves
-    first (which only held gradients make safe, :func:`ome.schedule.build`); ``plan``
+    (:func:`ome.core.schedule.gradient_holds`), its schedule rebuilt with the backward leaves
+    first (which only held gradients make safe, :func:`ome.core.schedule.build`); ``plan``
     itself when it changes nothing (plain ``tf.gradients`` is built) or no gradient has a
     backward read to wait for. ``rewritten``: hold a plan that changes nothing too, for a
     rewrite applied regardless (:func:`ome.gradients.ordered_backprop`)."""
@@ -188,14 +212,14 @@ def with_gradient_holds(view, plan, *, rewritten=False):
     rebuilt = make_plan(view, plan.decisions(), {t.tensor: t.reason for t in plan.tensors},
                         plan.policy, checkpoints=plan.checkpoints,
                         host_device=plan.host_device, swap_ahead=plan.schedule.swap_ahead,
-                        estimates=plan.estimates, leaves_first=True)
+                        estimates=plan.estimates, solver=plan.solver, leaves_first=True)
     holds = schedule_mod.gradient_holds(view, rebuilt.schedule)
     return replace(rebuilt, schedule=replace(rebuilt.schedule, holds=holds)) if holds else plan
 
 
 def with_side_by_side(view, plan, pairs=None):
     """``plan`` whose schedule runs ``pairs`` side by side (default: every pair
-    :func:`ome.schedule.sibling_pairs` finds; given pairs it does not find are dropped, so
+    :func:`ome.core.schedule.sibling_pairs` finds; given pairs it does not find are dropped, so
     a saved plan's pairs are checked against the graph it is applied to)."""
     sched = plan.schedule
     found = schedule_mod.sibling_pairs(
@@ -208,7 +232,7 @@ def with_side_by_side(view, plan, pairs=None):
 
 def with_leaf_waits(view, plan):
     """``plan`` whose recompute groups wait for the backward leaves replayed before them
-    (:func:`ome.schedule.with_leaf_waits`); the simulator's replay is unchanged."""
+    (:func:`ome.core.schedule.with_leaf_waits`); the simulator's replay is unchanged."""
     recomputed = {t.tensor for t in plan.tensors if t.decision == Decision.RECOMPUTE}
     return replace(plan, schedule=schedule_mod.with_leaf_waits(view, plan.schedule,
                                                                recomputed))

@@ -5,9 +5,9 @@
 re-points each backward read of a recomputed or swapped tensor at its copy, makes the
 held gradients (identities that wait for their variables' last reads), and chains the
 backward ops, copies and swap-ins in the order the simulator replays
-(:func:`ome.schedule.enforced_order`). The backward ops are ``tf.gradients``' own, so
+(:func:`ome.core.schedule.enforced_order`). The backward ops are ``tf.gradients``' own, so
 gradients (and ``None`` where there is none) are the same as ``tf.gradients``'. Every
-name the schedule uses is checked before the first op is added. TensorFlow's private APIs are reached through ``ome.tfprivate``.
+name the schedule uses is checked before the first op is added. TensorFlow's private APIs are reached through ``ome.tf.tfprivate``.
 """
 import logging
 from dataclasses import dataclass, field
@@ -16,9 +16,10 @@ from typing import Dict, List
 import networkx as nx
 import tensorflow as tf
 
-from ome import capture, errors, host, tfprivate
-from ome import schedule as schedule_mod
-from ome.schedule import Decision
+from ome import errors
+from ome.tf import capture, host, tfprivate
+from ome.core import schedule as schedule_mod
+from ome.core.schedule import Decision
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def apply(plan, view, graph, *, emulated=False, scope="ome"):
 
 
 def _enforce_order(graph, view, plan, copies, swapped_in):
-    """Make each event of :func:`ome.schedule.enforced_order` wait for the one before it,
+    """Make each event of :func:`ome.core.schedule.enforced_order` wait for the one before it,
     unless it reads it already, and each pair of ``Schedule.side_by_side`` both wait for
     the event before the pair and the next event for both; returns how many were made to
     wait. An op waits through an identity of its first input that can wait
@@ -260,7 +261,7 @@ def joined_apart(deps, order, a, b):
 
 
 def _can_wait(tensor):
-    """:func:`ome.schedule.can_wait` for a real tensor."""
+    """:func:`ome.core.schedule.can_wait` for a real tensor."""
     return tensor.dtype not in (tf.resource, tf.variant) and \
         not tfprivate.is_ref_dtype(tensor.dtype)
 

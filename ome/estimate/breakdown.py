@@ -129,16 +129,17 @@ def measure_breakdown(session, train_op, *, variables, gradients, optimizer,
     MemoryBreakdown
         With ``peak`` and ``memory_cost`` set.
     """
-    from ome.measure import measure
+    from ome.tf.capture import static_bytes
+    from ome.tf.measure import measure
 
     if not callable(getattr(optimizer, "variables", None)):
         raise InvalidTypeError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (with .variables()), "
             f"got {type(optimizer).__name__}"
         )
-    parameters = sum(_variable_bytes(v) for v in variables)
+    parameters = sum(static_bytes(v.shape, v.dtype) for v in variables)
     gradient_bytes = sum(_gradient_bytes(g) for g in gradients)
-    states = sum(_variable_bytes(v) for v in optimizer.variables())
+    states = sum(static_bytes(v.shape, v.dtype) for v in optimizer.variables())
     measured = measure(session, train_op, feed_dict, device=device, warmup=warmup,
                        steps=steps, trace=False)
     activations = measured.max_mem - parameters - gradient_bytes - states
@@ -225,21 +226,9 @@ def _stacked_bars(axis, bars, scale):
     axis.set_xticklabels([bar.label for bar in bars], rotation=90, fontsize="x-small")
 
 
-def _variable_bytes(variable):
-    return _static_bytes(variable.shape, variable.dtype)
-
-
 def _gradient_bytes(gradient):
     """Bytes of a dense gradient, or of an ``IndexedSlices``' values and indices."""
+    from ome.tf.capture import static_bytes  # TensorFlow only when a step is measured
     if hasattr(gradient, "indices") and hasattr(gradient, "values"):
         return _gradient_bytes(gradient.values) + _gradient_bytes(gradient.indices)
-    return _static_bytes(gradient.shape, gradient.dtype)
-
-
-def _static_bytes(shape, dtype):
-    if not shape.is_fully_defined():
-        raise InvalidArgumentError(
-            f"cannot count bytes of a tensor of unknown shape {shape}: build the step with "
-            f"static shapes"
-        )
-    return shape.num_elements() * dtype.base_dtype.size
+    return static_bytes(gradient.shape, gradient.dtype)

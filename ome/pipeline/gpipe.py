@@ -43,11 +43,12 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from ome import capture, rewrite, select
+from ome.policies import select
+from ome.tf import capture, rewrite
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError, \
     UnsupportedGraphError
-from ome.host import canonical_device
-from ome.measure import measure
+from ome.tf.host import canonical_device, logical_cpu_count
+from ome.tf.measure import measure
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +63,9 @@ __all__ = [
     "balanced_sizes",
     "build_pipeline",
     "default_devices",
-    "emulate_devices",
     "estimate_layers",
-    "gpt_layers",
-    "gpt_loss",
     "make_partition",
     "measure_pipeline",
-    "resnet_layers",
     "classification_loss",
 ]
 
@@ -86,53 +83,19 @@ _MiB = float(1 << 20)
 # ---------------------------------------------------------------------------------------
 
 
-def emulate_devices(count):
-    """Split the CPU into ``count`` logical devices ``/device:CPU:0..count-1``.
-
-    Call it first in the program, before TensorFlow initialises its runtime (any eager op,
-    session, or ``tf.config.list_logical_devices()``). Does nothing when a GPU is visible
-    or when at least ``count`` logical CPUs are configured already.
-
-    Raises
-    ------
-    DeviceError
-        The runtime was initialised with fewer logical CPUs.
-    """
-    count = _positive_int("count", count)
-    if tf.config.get_visible_devices("GPU") or _logical_cpu_count() >= count:
-        return
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
-    except RuntimeError as err:
-        raise DeviceError(
-            f"emulate_devices({count}) was called after TensorFlow initialised its runtime "
-            f"with {_logical_cpu_count()} CPU device(s); logical devices cannot change after "
-            "that. Call it at the start of the program, before any session or op.") from err
-
-
 def default_devices(count):
     """``count`` devices for ``count`` stages: ``/device:GPU:0..`` when GPUs are visible,
-    else the logical CPUs ``/device:CPU:0..`` (see :func:`emulate_devices`)."""
+    else the logical CPUs ``/device:CPU:0..`` (see :func:`ome.host.emulate_host`)."""
     count = _positive_int("stages", count)
     gpus = tf.config.get_visible_devices("GPU")
-    kind, available = ("GPU", len(gpus)) if gpus else ("CPU", _logical_cpu_count())
+    kind, available = ("GPU", len(gpus)) if gpus else ("CPU", logical_cpu_count())
     if count > available:
-        fix = ("" if gpus else f" Call ome.pipeline.emulate_devices({count}) at the start of "
-               "the program, before TensorFlow initialises its runtime.")
+        fix = ("" if gpus else f" Call ome.host.emulate_host(devices={count}) at the start "
+               "of the program, before TensorFlow initialises its runtime.")
         raise DeviceError(
             f"{count} stages need {count} devices but only {available} {kind} device(s) "
             f"exist.{fix}")
     return tuple(f"/device:{kind}:{i}" for i in range(count))
-
-
-def _logical_cpu_count():
-    count = 0
-    for cpu in tf.config.list_physical_devices("CPU"):
-        config = tf.config.get_logical_device_configuration(cpu)
-        count += len(config) if config else 1
-    return count
 
 
 def _check_devices(devices):
@@ -149,7 +112,7 @@ def _check_devices(devices):
             raise DeviceError(
                 f"device {given!r} does not exist; the logical devices are "
                 f"{', '.join(sorted(existing))}. For more CPU devices call "
-                "ome.pipeline.emulate_devices(K) at the start of the program.")
+                "ome.host.emulate_host(devices=K) at the start of the program.")
     return names
 
 
@@ -192,7 +155,7 @@ class LayerEstimate:
     """What one layer costs per micro-batch, from a dry build on a scratch graph.
 
     ``parameters``: elements of the trainable variables it creates; ``flops``: forward
-    FLOPs (:func:`ome.capture.estimate_cost` summed over its ops); ``activation_bytes``:
+    FLOPs (:func:`ome.tf.capture.estimate_cost` summed over its ops); ``activation_bytes``:
     bytes of the floating-point tensors its forward computes (what plain backprop may
     keep); ``output_shape``: its output's static shape.
     """
@@ -890,13 +853,14 @@ def _device_bytes(step):
         for v in stage_vars:
             slots = _slots(step.optimizer, v)
             home.update((owned.ref(), device) for owned in [v] + slots)
-            parameters[device] = parameters.get(device, 0) + 2 * _variable_bytes(v) \
-                + sum(_variable_bytes(slot) for slot in slots)
+            # the weight, its gradient (as many bytes) and its optimizer slots
+            parameters[device] = parameters.get(device, 0) + sum(
+                capture.static_bytes(u.shape, u.dtype) for u in [v, v] + slots)
     resident = {}
     for v in step.loss.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
         device = home.get(v.ref()) or (canonical_device(v.device) if v.device
                                        else step.devices[0])
-        resident[device] = resident.get(device, 0) + _variable_bytes(v)
+        resident[device] = resident.get(device, 0) + capture.static_bytes(v.shape, v.dtype)
     return resident, parameters
 
 
@@ -911,96 +875,17 @@ def _elements(variable):
     return int(np.prod(variable.shape.as_list(), dtype=np.int64))
 
 
-def _variable_bytes(variable):
-    return _elements(variable) * variable.dtype.base_dtype.size
 
 
 # ---------------------------------------------------------------------------------------
-# Zoo adapters
+# Losses
 # ---------------------------------------------------------------------------------------
-
-
-def gpt_layers(config, *, training=True, scope="gpt"):
-    """The zoo's GPT (:mod:`models.gpt`) as layers: the embeddings, one layer per block, and
-    the head (final LayerNorm and tied-embedding logits).
-
-    Variables get the names :func:`models.gpt.build_gpt` gives them (``gpt/wte``,
-    ``gpt/h0/ln_1/gamma``, ...), so weights move between the two by name. Dropout (at
-    ``config.dropout`` when ``training``) is drawn per micro-batch.
-    """
-    from models import gpt  # the zoo imports ome; imported here to keep ome free of it
-
-    rate = config.dropout if training else 0.0
-
-    def dropout(x):  # unseeded: each micro-batch draws its own mask
-        return tf.nn.dropout(x, rate=rate) if rate else x
-
-    def embed(tokens):
-        wte = gpt._variable("wte", [config.vocab, config.hidden], gpt.INIT_STDDEV)
-        wpe = gpt._variable("wpe", [config.positions, config.hidden], gpt.POSITION_INIT_STDDEV)
-        x = tf.gather(wte.value(), tokens, name="embed") + wpe[:config.sequence]
-        return dropout(x)
-
-    def block(x):
-        mask = gpt._causal_bias(config.sequence)
-        return gpt._block_fn(config, dropout, mask, [])(x)
-
-    def head(x):
-        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
-            wte = gpt._variable("wte", [config.vocab, config.hidden], gpt.INIT_STDDEV)
-        x = gpt._layer_norm(x, "ln_f")
-        logits = tf.matmul(tf.reshape(x, [-1, config.hidden]), wte, transpose_b=True,
-                           name="logits")
-        return tf.reshape(logits, [-1, config.sequence, config.vocab], name="logits_3d")
-
-    blocks = [Layer(block, f"h{i}", f"{scope}/h{i}") for i in range(config.layers)]
-    return [Layer(embed, "embed", scope)] + blocks + [Layer(head, "head", scope)]
-
-
-def gpt_loss(config):
-    """Mean next-token cross-entropy of GPT logits ``[b, s, vocab]`` against targets
-    ``[b, s]`` (the loss of :func:`models.build_train_step`)."""
-    def loss(logits, targets):
-        flat = tf.reshape(logits, [-1, config.vocab])
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=tf.reshape(targets, [-1]), logits=flat), name="loss")
-    return loss
 
 
 def classification_loss(logits, labels):
     """Mean softmax cross-entropy of ``[b, classes]`` logits against int labels ``[b]``."""
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=labels, logits=logits), name="loss")
-
-
-def resnet_layers(name, *, num_classes=1000, training=True, data_format="NHWC"):
-    """A zoo ResNet (:mod:`models.resnet`) as layers: the stem (conv, pool), one layer per
-    residual unit, and the head (global pool, dense). Variable names are those of
-    :func:`models.resnet.build_resnet`. Batch norm uses per-micro-batch statistics."""
-    from models import layers as zoo, resnet
-
-    kind, blocks_per_stage = resnet.LAYOUTS[name]
-    block = resnet._basic_block if kind == "basic" else resnet._bottleneck_block
-
-    def stem(images):
-        x = zoo.conv_bn(images, 64, 7, 2, training=training, data_format=data_format,
-                        name="conv1")
-        return zoo.max_pool(x, 3, 2, data_format=data_format, name="pool1")
-
-    def unit(filters, stride):
-        return lambda x: block(x, filters, stride, training=training, data_format=data_format)
-
-    def head(x):
-        x = zoo.global_avg_pool(x, data_format=data_format, name="pool5")
-        return zoo.dense(x, num_classes, name="logits")
-
-    found = [Layer(stem, "stem", name)]
-    for stage, (filters, blocks) in enumerate(zip(resnet._STAGE_FILTERS, blocks_per_stage)):
-        for u in range(blocks):
-            stride = 2 if stage > 0 and u == 0 else 1
-            found.append(Layer(unit(filters, stride), f"block{stage + 1}/unit_{u + 1}",
-                               f"{name}/block{stage + 1}/unit_{u + 1}"))
-    return found + [Layer(head, "head", name)]
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Capture: read a ``tf.gradients`` call (forward and backward ops) into a GraphView.
 
-Only reads the TensorFlow graph. The result, :class:`ome.graphview.GraphView`, is plain
+Only reads the TensorFlow graph. The result, :class:`ome.core.graphview.GraphView`, is plain
 data the planning modules work on without TensorFlow.
 """
 import math
@@ -8,8 +8,9 @@ import math
 import networkx as nx
 import tensorflow as tf
 
-from ome import tfprivate
-from ome.graphview import GraphView, OpInfo, TensorInfo
+from ome.core.graphview import GraphView, OpInfo, TensorInfo
+from ome.errors import InvalidArgumentError
+from ome.tf import tfprivate
 
 # TF1 control flow and functional control flow: a copy would need the loop or branch
 # context (or its function bodies) that only the original has, so ome never copies them.
@@ -47,6 +48,30 @@ def shape_and_bytes(tensor, batch_size, *, every_dimension=True):
     if None in resolved:
         return dims, None
     return dims, math.prod(resolved) * _dtype_size(tensor.dtype)
+
+
+def static_bytes(shape, dtype):
+    """Bytes of a value of ``shape`` and ``dtype`` (a variable, a gradient); raises
+    :class:`ome.errors.InvalidArgumentError` when the shape is not fully defined."""
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined():
+        raise InvalidArgumentError(
+            f"cannot count bytes of a tensor of unknown shape {shape}: build the step with "
+            f"static shapes"
+        )
+    return shape.num_elements() * tf.as_dtype(dtype).base_dtype.size
+
+
+def graph_variable_bytes(graph):
+    """Bytes of every variable ``graph`` holds (weights and optimizer slots); a variable of
+    unknown shape counts nothing."""
+    total = 0
+    for op in graph.get_operations():
+        if op.type in ("VarHandleOp", "VariableV2"):
+            shape = tf.TensorShape(op.get_attr("shape"))
+            if shape.is_fully_defined():
+                total += static_bytes(shape, op.get_attr("dtype"))
+    return total
 
 
 def estimate_cost(op):

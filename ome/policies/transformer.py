@@ -8,7 +8,7 @@ Transformer Models") and of the Ultra-Scale Playbook's chart, as ome policies
 - :func:`selective`: recompute only the attention core (``Q K^T``, its scaling and mask,
   the softmax, its dropout and the product with ``V``) and keep everything else;
 - :func:`full`: keep each block's input and recompute the block during backprop;
-- :func:`optimal_within`: ome's own plan, from the optimal planner (:mod:`ome.optimal`): no
+- :func:`optimal_within`: ome's own plan, from the optimal planner (:mod:`ome.policies.search`): no
   higher simulated peak and no more added time than a fixed mode (``selective`` by
   default), what it saves split between time and memory, under a cost model (a profile
   of the plain step, :func:`ome.profile`).
@@ -38,11 +38,12 @@ from typing import Tuple
 
 import networkx as nx
 
-from ome import errors, optimal, planner
-from ome.costs import STATIC
-from ome.plans import make_plan, with_estimates
-from ome.schedule import Decision, forced_keep
-from ome.select import Region, apply_pins, keep_all
+from ome import errors
+from ome.policies import planner, search
+from ome.core.costs import STATIC
+from ome.core.plans import Solver, make_plan, with_estimates
+from ome.core.schedule import Decision, forced_keep
+from ome.policies.select import Region, apply_pins, keep_all
 
 __all__ = ["AttentionCore", "Block", "attention_cores", "residual_stream", "blocks",
            "none", "selective", "full", "optimal_within", "summary", "POLICIES"]
@@ -281,11 +282,9 @@ def _recompute_plan(view, recompute_ops, policy, *, reasons, recompute_reason, p
     return plan
 
 
-def none(view, *, pins=None, host_device=None):
-    """No recomputation: every tensor backprop reads is kept (pins still apply)."""
-    plan = keep_all(view, pins=pins, host_device=host_device)
-    log.info("%s", summary(plan))
-    return plan
+#: No recomputation: every tensor backprop reads is kept (pins still apply). The same
+#: policy as ``checkpoints="none"``, :func:`ome.policies.select.keep_all`.
+none = keep_all
 
 
 def selective(view, *, pins=None, host_device=None):
@@ -331,7 +330,7 @@ LOWEST_LIMIT, LIMIT_STEPS = 0.75, 5
 
 
 def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_device=None,
-                   time_limit=optimal.DEFAULT_TIME_LIMIT, trade=0.5):
+                   time_limit=search.DEFAULT_TIME_LIMIT, trade=0.5):
     """ome's plan against fixed mode ``mode`` (a key of :data:`POLICIES`): no higher
     simulated device peak and no more added time, with the time it saves partly spent on
     a lower peak.
@@ -343,17 +342,18 @@ def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_devi
     ``mode``'s peak) whose least added time is at most ``mode``'s minus the rest of the
     saving. So it wins on both counts by margins (``trade=0`` keeps the fastest plan,
     which may tie ``mode``'s peak exactly and lose to the allocator's noise). Both peaks
-    are :func:`ome.simulate.simulate`'s under ``model``; with a profile of the plain step
+    are :func:`ome.core.simulate.simulate`'s under ``model``; with a profile of the plain step
     (``ome.profile``) the times are measured op times and the peaks include the kernels'
     scratch memory. When the search stops at its time limit with a slower plan than
-    ``mode``'s, ``mode``'s own is returned (``solver`` is ``optimal.SOLVER_REFERENCE``).
+    ``mode``'s, ``mode``'s own is returned (its ``solver`` is
+    :attr:`ome.core.plans.Solver.REFERENCE`).
     Use it as a policy with the same model given to ``ome.gradients``::
 
         policy = functools.partial(transformer.optimal_within, model=cost)
         grads = ome.gradients(loss, variables, checkpoints=policy, cost_model=cost)
 
     ``estimates`` hold the optimal planner's (``device_peak``, ``added_seconds``,
-    ``solver``, ...), ``planned_peak`` (its simulated peak) and ``reference_peak``,
+    ``gap``, ...), ``planned_peak`` (its simulated peak) and ``reference_peak``,
     ``reference_seconds``: ``mode``'s.
 
     Raises :class:`ome.errors.NoBottleneckError` when ``mode`` finds no attention, and
@@ -371,14 +371,14 @@ def optimal_within(view, *, mode="selective", model=STATIC, pins=None, host_devi
     reference_seconds = reference.estimates["added_seconds"]
 
     def fastest(limit):
-        return optimal.optimal(view, limit=limit, model=model, pins=pins,
+        return search.optimal(view, limit=limit, model=model, pins=pins,
                                host_device=host_device, time_limit=time_limit)
 
     plan = fastest(peak)
     if plan.estimates["added_seconds"] > reference_seconds:
         # The search stopped at its time limit with a slower plan than mode's own.
-        plan = with_estimates(reference, solver=optimal.SOLVER_REFERENCE,
-                              gap=float("nan"))
+        plan = dataclasses.replace(with_estimates(reference, gap=float("nan")),
+                                   solver=Solver.REFERENCE)
     elif trade and plan.estimates["added_seconds"] < reference_seconds:
         allowed = reference_seconds - (1 - trade) * (
             reference_seconds - plan.estimates["added_seconds"])

@@ -1,4 +1,4 @@
-"""``ome.profile``: a :class:`ome.costs.CostModel` measured from traced steps.
+"""``ome.profile``: a :class:`ome.core.costs.CostModel` measured from traced steps.
 
 One plain training step, traced with ``FULL_TRACE``, tells per op how long it ran and
 how much scratch memory its kernel held beyond its outputs (a convolution's
@@ -17,18 +17,19 @@ import time
 
 import tensorflow as tf
 
-from ome import host
-from ome.costs import CostModel
+from ome.tf import host
+from ome.core.costs import CostModel
 from ome.errors import InvalidArgumentError, InvalidTypeError
-from ome.measure import _check_count, _memory_stats, _run, _short_device, _stats_device
+from ome.tf.measure import (check_count, memory_stats, memory_stats_device, run_step,
+                            short_device)
 
 # Scratch below this is allocator rounding, not a workspace worth planning around.
 MIN_SCRATCH_BYTES = 64 * 1024
 # Untraced steps after the traced ones whose peaks count in ``plain_peak_bytes``, as many
 # as ``ome.measure``'s timed steps: plain backprop's peak varies from step to step (the
 # executor runs two kernels at once, its updates copying variables into whatever chunks
-# are free); ResNet-18, batch 8, 64x64: 147.6-177.8 MiB over 25 steps, so the most of
-# three steps fell 11.7% under a later run's most of five (docs/RESULTS.md).
+# are free), so the most of fewer steps can fall well under a later run's most of five
+# (docs/RESULTS.md).
 PEAK_STEPS = 5
 
 
@@ -68,14 +69,14 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
         of the steps) and ``update_copies`` the bytes each update allocated (a variable
         copied because a kernel still read it; the most of the steps).
     """
-    steps = _check_count("steps", steps, minimum=1)
-    peak_steps = _check_count("peak_steps", peak_steps, minimum=0)
-    stats_device = _stats_device(device)
+    steps = check_count("steps", steps, minimum=1)
+    peak_steps = check_count("peak_steps", peak_steps, minimum=0)
+    stats_device = memory_stats_device(device)
     # before any profiled step: a plain step's updates may copy a variable into a chunk up
     # to twice its size, and those chunks stay; a rewritten step copies none, so it keeps
     # what was allocated before plain steps ran (the least of all these)
-    before = _memory_stats(stats_device)["current"]
-    _run(session, fetches, feed_dict, phase="warm-up")
+    before = memory_stats(stats_device)["current"]
+    run_step(session, fetches, feed_dict, phase="warm-up")
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(list)
     asked, given = {}, collections.defaultdict(list)
     updates = _gradient_updates(session.graph, fetches)
@@ -101,8 +102,8 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
     if not seconds:
         raise InvalidArgumentError(
             f"the traced step ran no op on {stats_device}; pass device= the step runs on")
-    # A kernel takes more scratch beside others than alone (InceptionV4's convolution
-    # gradients: up to 1.8x), and plain and rewritten steps run them differently
+    # A kernel takes more scratch beside others than alone (a convolution gradient's
+    # workspace), and plain and rewritten steps run them differently
     most = {node: max(sizes) for node, sizes in scratch.items()}
     extra = {}
     if host_device is not None:
@@ -129,9 +130,9 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
 
 def _step_memory(session, fetches, feed_dict, device, *, phase, **run_options):
     """Run one step with ``device``'s peak reset first; its memory statistics after."""
-    _memory_stats(device, reset=True)
-    _run(session, fetches, feed_dict, phase=phase, **run_options)
-    return _memory_stats(device)
+    memory_stats(device, reset=True)
+    run_step(session, fetches, feed_dict, phase=phase, **run_options)
+    return memory_stats(device)
 
 
 def profile_order(costs, plain, ordered, *, rounds=15):
@@ -146,10 +147,9 @@ def profile_order(costs, plain, ordered, *, rounds=15):
     session's variables would count as the plain step's resident bytes.
 
     ``rounds``: 15 by default. The difference of two medians of noisy steps is itself
-    noisy: on ResNet-50 (batch 16, 112x112) three measurements at 5 rounds gave 0.149,
-    0.265 and 0.184 s, two at 15 rounds 0.174 and 0.202 (2026-11-27).
+    noisy, and more rounds spread it less.
     """
-    rounds = _check_count("rounds", rounds, minimum=1)
+    rounds = check_count("rounds", rounds, minimum=1)
     if not isinstance(costs, CostModel):
         raise InvalidTypeError(
             f"costs must be an ome.CostModel (from ome.profile), got {type(costs).__name__}")
@@ -160,12 +160,12 @@ def profile_order(costs, plain, ordered, *, rounds=15):
             "ome.ordered_backprop) in a graph and session of its own")
     times = {"plain": [], "ordered": []}
     for name, (session, fetches, feed_dict) in steps.items():
-        _run(session, fetches, feed_dict, phase=f"{name} warm-up")
+        run_step(session, fetches, feed_dict, phase=f"{name} warm-up")
     for i in range(rounds):
         for name in ("plain", "ordered") if i % 2 == 0 else ("ordered", "plain"):
             session, fetches, feed_dict = steps[name]
             start = time.perf_counter()
-            _run(session, fetches, feed_dict, phase=f"{name} timed")
+            run_step(session, fetches, feed_dict, phase=f"{name} timed")
             times[name].append(time.perf_counter() - start)
     seconds = statistics.median(times["ordered"]) - statistics.median(times["plain"])
     return dataclasses.replace(costs, order_seconds=seconds)
@@ -188,7 +188,7 @@ def _device_nodes(run_metadata, stats_device):
     """The step's node statistics on ``stats_device`` (its streams included)."""
     wanted = "/device:" + stats_device
     for device_stats in run_metadata.step_stats.dev_stats:
-        if _short_device(device_stats.device) == wanted:
+        if short_device(device_stats.device) == wanted:
             yield from device_stats.node_stats
 
 

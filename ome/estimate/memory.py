@@ -57,9 +57,9 @@ the sigmoid and ``x^2`` (3 instead of 1: the ``Pow`` gradient's ``x^2`` depends 
 forward values, so TensorFlow computes it during the forward pass and holds it); SwiGLU keeps
 gate, sigmoid, SiLU and up (4 instead of 2). In fp32 a GPT layer then keeps
 ``s*b*h*(106 + 9*a*s/h)``: 66 + 2 * 4 (the second LayerNorm tensors) + 2 * 16 (the GELU's).
-Measured on the zoo's GPTs (``python -m benchmark_lib.transformer_memory``), the tensor bytes
-alive when the forward pass ends are 1.000-1.001 times this figure under none, selective and
-full (with ``dropout_masks="kept"``).
+On the zoo's GPTs the tensor bytes alive when the forward pass ends match this figure under
+none, selective and full (with ``dropout_masks="kept"``; ``python -m
+benchmark_lib.transformer_memory`` compares them).
 
 Outside the layers (Korthikanti et al. list these too): the embedding dropout mask
 (``s*b*h`` bytes, with dropout), and with ``output_layer=True`` the final norm's input, the
@@ -93,9 +93,9 @@ import os
 import sys
 from typing import Optional
 
-from ome.breakdown import MemoryBreakdown, plot_breakdowns
+from ome.estimate.breakdown import MemoryBreakdown, plot_breakdowns
 from ome.errors import InvalidArgumentError, OmeError
-from ome.sizes import parse_bytes
+from ome.core.sizes import parse_bytes
 
 __all__ = [
     "Precision",
@@ -504,7 +504,7 @@ def estimate(config, label=None):
 
     Returns
     -------
-    ome.breakdown.MemoryBreakdown
+    ome.estimate.breakdown.MemoryBreakdown
         Bytes on the device that needs the most (the first or the last pipeline stage).
     """
     if not isinstance(config, TransformerConfig):
