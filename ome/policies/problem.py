@@ -4,6 +4,7 @@ builds the :class:`ome.policies.program.Program` for one limit and solves it wit
 (``scipy.optimize.milp``). Pure Python over a :class:`ome.core.graphview.GraphView`."""
 import bisect
 import logging
+import math
 import time
 
 import numpy as np
@@ -331,15 +332,15 @@ class Problem:
     def solve(self, limit, seconds):
         """The decisions minimising added time under ``limit`` bytes of modelled peak,
         or (``limit`` None) minimising the modelled peak. None when the program is
-        infeasible or HiGHS found nothing in ``seconds``."""
+        infeasible or HiGHS found nothing in ``seconds`` (``math.inf``: no time limit)."""
         program = Program(self, limit)
         started = time.perf_counter()
+        options = {"mip_rel_gap": MIP_GAP, "node_limit": MAX_NODES, "disp": False}
+        if seconds != math.inf:  # without a deadline HiGHS ends by its gap and node limit
+            options["time_limit"] = max(seconds, 0.01)
         result = milp(program.objective, integrality=program.integrality,
                       bounds=Bounds(program.lower, program.upper),
-                      constraints=program.constraints(),
-                      options={"time_limit": max(seconds, 0.01), "mip_rel_gap": MIP_GAP,
-                               "node_limit": MAX_NODES,
-                               "disp": False})
+                      constraints=program.constraints(), options=options)
         elapsed = time.perf_counter() - started
         log.debug("optimal: HiGHS status %s in %.3f s (%s)", result.status, elapsed,
                   result.message)

@@ -13,6 +13,7 @@ bracket) until the simulated peak fits. The formulation is in docs/ALGORITHM.md,
 Pure Python over a :class:`ome.core.graphview.GraphView`; it never imports TensorFlow.
 """
 import logging
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Dict, List, NamedTuple, Optional
@@ -29,8 +30,10 @@ from ome.policies.problem import Problem
 
 log = logging.getLogger(__name__)
 
-# Seconds a search (solves and the simulations checking them) may take by default.
-DEFAULT_TIME_LIMIT = 3.0
+# By default a search has no deadline: it ends by its own rules (MAX_ROUNDS, TIGHT,
+# POLISH_MISSES, HiGHS's gap and node limit), so the same view and cost model give the same
+# plan on an idle machine or a loaded one. A time_limit trades that for a bounded time.
+DEFAULT_TIME_LIMIT = None
 # Rounds of solve -> simulate -> move the model's limit.
 MAX_ROUNDS = 6
 # A search's first solves, and rounds, that ignore the deadline: they end by their own
@@ -89,15 +92,17 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     ``ome.core.simulate.simulate(view, plan, model).device_peak``; without it the plan has the
     smallest peak found (never above ``select.auto``'s), at the least time found for that
     peak. ``pins`` ({tensor: "keep"|"recompute"|"swap"}) are honoured; swaps are
-    considered only with a ``host_device``. ``time_limit``: seconds for the search (the
-    solver and the simulations checking its plans); its first solve always ends by its
-    own rules (HiGHS's gap or
-    :data:`ome.policies.problem.MAX_NODES`), whatever the clock says.
+    considered only with a ``host_device``. ``time_limit``: None (default) for a search
+    that ends by its own rules alone, so that it returns the same plan however busy the
+    machine; or seconds for the search (the solver and the simulations checking its
+    plans), after which it returns the best plan found so far, which then depends on the
+    machine's speed and load. Its first solves always end by their own rules (HiGHS's gap
+    or :data:`ome.policies.problem.MAX_NODES`), whatever the clock says.
     ``hold_gradients``: plan, and return, plans whose gradients are held, in the order
     that makes possible (:func:`ome.core.plans.with_gradient_holds`).
     The plan's ``solver`` says how it was found (:class:`ome.core.plans.Solver`).
     Estimates: ``device_peak`` (simulated), ``added_seconds``, ``gap`` (HiGHS's relative
-    optimality gap on the model; nan when no solver plan was chosen), ``solve_seconds``,
+    optimality gap on the model; nan when no solver plan was chosen),
     ``model_peak``, ``limit``, ``polished`` (decisions of the solver's plan undone after
     the solve).
     Raises :class:`ome.errors.BudgetError` naming the smallest peak reached when nothing
@@ -131,10 +136,13 @@ def frontier(view, limits, *, model=STATIC, pins=None, host_device=None,
 
 
 def _checked_time_limit(time_limit):
+    """``time_limit`` as seconds (``math.inf`` for None: no deadline)."""
+    if time_limit is None:
+        return math.inf
     if not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or \
             not time_limit > 0:
         raise errors.InvalidArgumentError(
-            f"time_limit must be a positive number of seconds, got {time_limit!r}")
+            f"time_limit must be None or a positive number of seconds, got {time_limit!r}")
     return float(time_limit)
 
 
@@ -231,7 +239,8 @@ class Search:
         problem = self.problem
         seconds = self.remaining() if seconds is None else seconds
         least = FIRST_SOLVE_SECONDS if self.solves < UNCUT_SOLVES else MIN_SOLVE_SECONDS
-        solution, elapsed = problem.solve(target, max(seconds, least))
+        solution, elapsed = problem.solve(
+            target, math.inf if self.deadline == math.inf else max(seconds, least))
         self.solves += 1
         self.solve_seconds += elapsed
         if solution is None:
@@ -319,9 +328,11 @@ class Search:
                 for t in plan.tensors))
         elif trial.status == Solver.TIME_LIMIT:
             log.info("optimal: HiGHS stopped at its node or time limit, gap %.3g", trial.gap)
+        # (the seconds HiGHS took are logged, not kept: a plan is the same on any machine)
+        log.info("optimal: %d solves in %.2f s", self.solves, self.solve_seconds)
         estimates = dict(device_peak=float(trial.peak), added_seconds=float(trial.seconds),
-                         gap=trial.gap, solve_seconds=self.solve_seconds,
-                         model_peak=trial.model_peak, polished=float(trial.polished))
+                         gap=trial.gap, model_peak=trial.model_peak,
+                         polished=float(trial.polished))
         if limit is not None:
             estimates["limit"] = float(limit)
         return replace(plan, policy="optimal", estimates=estimates, solver=trial.status)
