@@ -533,8 +533,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     grads, view, backward_ops = _build_and_capture(ys, xs, grad_ys, scope,
                                                    options.sizing_batch, tf_options)
     # The copy's plan is the plan when the copy's backward is this one, op for op: planned
-    # once (a search with a deadline may choose differently a second time, and a policy
-    # the user wrote is called once).
+    # once (a search costs seconds, and a policy the user wrote is called once).
     if planned is not None and planned_on.same_steps(view):
         chosen = planned
     else:
