@@ -1,4 +1,4 @@
-"""Regression tests for the failure classes the random-graph judge found (issue #10).
+"""Regression tests for the failure classes the random-graph judge found.
 
 Each builds the smallest graph of its class and compares with tf.gradients from the same
 session.run, None exactly where tf.gradients has None.

@@ -1,4 +1,4 @@
-"""Issue #10's real architectures, rebuilt in Keras 3 (weights=None, small images): inside
+"""Real architectures users train, rebuilt in Keras 3 (weights=None, small images): inside
 tf.function, ome.gradients equals tf.gradients from the same call, the plan recomputes
 something, and the default Grappler passes run the rewritten graph (item 8: "Retval does
 not have value" before); an LSTM's While op is kept whole while the rest is planned (item
