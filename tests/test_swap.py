@@ -176,9 +176,11 @@ def test_resnet50_budgets_are_met_with_a_profile():
     """ResNet-50, batch 16, 112x112, momentum: plain backprop measures ~680 MiB and the
     smallest recompute-only plan simulates ~350 MiB. With the step profiled first (kernel
     scratch memory, what stays allocated between steps), three budgets in between are
-    met, each plan's peak below the looser budget's, in a process of its own
-    (tests/scripts/resnet50_budgets.py says why). A search cut by its deadline once gave
-    640 MiB the smallest plan (docs/ALGORITHM.md, "Node limit, time limit")."""
+    met, each plan's predicted peak below the looser budget's, in a process of its own
+    (tests/scripts/resnet50_budgets.py says why). Measured peaks are not compared with
+    each other: a plan's measured peak differs from its prediction by the allocator's
+    whole-chunk waste (docs/ALGORITHM.md), which can exceed what neighbouring budgets'
+    plans differ by."""
     budgets = (640, 590, 540)
     out = subprocess.run([sys.executable, "-m", "tests.scripts.resnet50_budgets",
                           *map(str, budgets)], check=True, capture_output=True, text=True,
@@ -191,4 +193,5 @@ def test_resnet50_budgets_are_met_with_a_profile():
     for budget_mib, peak in zip(budgets, peaks):
         assert peak <= budget_mib * MiB
     assert all(row["policy"] == "budget:optimal" for row in rows)
-    assert peaks == sorted(peaks, reverse=True)
+    predicted = [float(row["predicted"]) for row in rows]
+    assert predicted == sorted(predicted, reverse=True)
