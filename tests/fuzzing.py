@@ -107,7 +107,9 @@ class PlannedBudget:
     def bytes_for(self, program):
         auto, plain = predicted_peaks(program)
         peak = auto + self.plain_share * (plain - auto)
-        return math.ceil(planner.smallest_budget(peak, program.variable_bytes()))
+        # at least a byte: a program of a few tiny tensors can predict no peak at all, and
+        # a budget of zero is invalid input, not a budget to judge ome by
+        return max(1, math.ceil(planner.smallest_budget(peak, program.variable_bytes())))
 
 
 @dataclass(frozen=True)
