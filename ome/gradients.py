@@ -29,7 +29,7 @@ CHECKPOINT_MODES = ("auto", "optimal", "memory", "speed", "collection", "none", 
 # asked even where the simulator predicts no lower peak.
 TRANSFORMER_MODES = ("selective", "full")
 _UNCONNECTED = ("none", "zero")
-#: The batch an unknown leading dimension is planned at when no budget needs the real one.
+#: The batch unknown dimensions are planned at when no budget needs the real one.
 ASSUMED_BATCH = 64
 
 
@@ -214,29 +214,32 @@ def _has_unknown_sizes(forward, batch_size):
                for op in forward for t in op.outputs)
 
 
+def _with_unknown_dimensions(forward):
+    """Float outputs of the ``forward`` ops whose rank is known and some dimension is not
+    (a tensor of unknown rank, a kernel's workspace output, is never sized)."""
+    return (t for op in forward for t in op.outputs
+            if t.dtype.is_floating and t.shape.rank is not None
+            and not t.shape.is_fully_defined())
+
+
 def _check_budget_sizes(options, forward):
     """Refuse a budget, before the graph is touched, where a tensor's bytes are unknown
     (a dimension shape inference left unknown, and no ``batch_size``) and no measured size
     stands in."""
     if options.budget is None or options.sizing_batch is not None:
         return
-    for op in forward:
-        for t in op.outputs:
-            # a tensor of unknown rank (a kernel's workspace output) is never sized
-            if t.dtype.is_floating and t.shape.rank is not None \
-                    and not t.shape.is_fully_defined() \
-                    and t.name not in options.model.output_bytes:
-                raise errors.InvalidArgumentError(
-                    f"memory_budget needs every tensor's bytes, and the size of {t.name!r} "
-                    f"(shape {t.shape}) is unknown: pass batch_size= to resolve an unknown "
-                    "batch dimension, or give tensors static shapes")
+    for t in _with_unknown_dimensions(forward):
+        if t.name not in options.model.output_bytes:
+            raise errors.InvalidArgumentError(
+                f"memory_budget needs every tensor's bytes, and the size of {t.name!r} "
+                f"(shape {t.shape}) is unknown: pass batch_size= to resolve an unknown "
+                "batch dimension, or give tensors static shapes")
 
 
 def _log_assumed_batch(options, forward):
     """Say when the plan's sizes stand an unknown batch dimension in by ASSUMED_BATCH."""
-    if options.batch_size is None and options.sizing_batch is not None and any(
-            t.dtype.is_floating and t.shape.rank and not t.shape.is_fully_defined()
-            for op in forward for t in op.outputs):
+    if options.batch_size is None and options.sizing_batch is not None and \
+            next(_with_unknown_dimensions(forward), None) is not None:
         log.info("the batch dimension is unknown: planned with it as %d (the plan weighs "
                  "tensors against each other; pass batch_size= for its predicted bytes)",
                  options.sizing_batch)
