@@ -2,9 +2,20 @@
 
 The flow is validate -> build ``tf.gradients`` -> capture -> plan (a policy) -> apply.
 The backward ops are ``tf.gradients``' own; the plan only changes where they read forward
-tensors from. Options that can be refused (explicit checkpoints, pins, swap lists, a
-budget, the bottleneck policy, unknown sizes) are first planned on a scratch copy of the
-graph, so an error leaves the user's graph exactly as it was.
+tensors from.
+
+Where a copy of the graph is used, and why (the one place that says it): options that can
+be refused (explicit checkpoints, pins, swap lists, a budget, the bottleneck policy,
+unknown sizes) are planned on a copy, so an error leaves the user's graph exactly as it
+was; ``ome.plan`` and ``ome.capture_view`` are previews, made on a copy; ``apply_plan``
+checks a saved plan's step on a copy before building. The copy carries the graph's
+gradient caches (``tfprivate.copy_gradient_caches``), so ``tf.gradients`` builds the same
+ops on it, and the plan made there is the plan built. Only where the copy's step still
+differs from the graph's (a gradient function of TensorFlow's that reads state a copy
+does not have) is the plan made again on the graph itself, so it is always the plan of
+the ops built. A graph a copy cannot rebuild (functional control flow, a gradient
+function of its own, a ``tf.function`` graph whose captured variables lose their shapes
+in a copy) is planned on the graph itself, after ``tf.gradients`` built its ops there.
 """
 import dataclasses
 import logging
@@ -370,6 +381,7 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
                 tf.compat.v1.train.export_meta_graph(graph=graph), clear_devices=False)
         else:
             tf.graph_util.import_graph_def(graph.as_graph_def(), name="")
+    tfprivate.copy_gradient_caches(graph, scratch)
 
     def local(t):
         return None if t is None else scratch.get_tensor_by_name(t.name)
@@ -433,17 +445,18 @@ def _tf_options(gate_gradients, aggregation_method, stop_gradients, unconnected_
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python graph code, also in tf.function
-def plan(ys, xs, grad_ys=None, *, checkpoints="auto", pin=None, batch_size=None, swap=False,
-         host_device=None, memory_budget=None, swap_ahead=1, cost_model=None,
-         hold_gradients=True, wait_for_leaves=None):
+def plan(ys, xs, grad_ys=None, *, name="gradients", checkpoints="auto", pin=None,
+         batch_size=None, swap=False, host_device=None, memory_budget=None, swap_ahead=1,
+         cost_model=None, hold_gradients=True, wait_for_leaves=None):
     """The :class:`Plan` ``ome.gradients`` would follow, computed on a copy of the graph
-    (the graph itself is never touched)."""
+    (the graph itself is never touched): :func:`apply_plan` with the same ``name`` builds
+    it."""
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
                        swap_ahead, cost_model, hold_gradients, wait_for_leaves)
     _refuse_preview(ys, "ome.plan", "; use ome.gradients(..., return_info=True), which "
                     "returns the plan it built")
-    scope = ys[0].graph.unique_name("ome_gradients", False)
+    scope = ys[0].graph.unique_name(name, False)
     options.model = options.model.in_scope(scope)
     scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.sizing_batch,
                                   {"gate_gradients": False})
@@ -520,8 +533,6 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     graph = ys[0].graph
     scope = graph.unique_name(name or "gradients", False)
     options.model = options.model.in_scope(scope)
-    # A copy of a tf.function graph loses captured variables' shapes (their handles become
-    # plain placeholders), so there the plan is made on the graph itself.
     forward = capture_mod.upstream_ops(ys)
     _check_budget_sizes(options, forward)
     _log_assumed_batch(options, forward)
@@ -535,8 +546,8 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     graph.unique_name(name or "gradients")  # claim the scope
     grads, view, backward_ops = _build_and_capture(ys, xs, grad_ys, scope,
                                                    options.sizing_batch, tf_options)
-    # The copy's plan is the plan when the copy's backward is this one, op for op: planned
-    # once (a search costs seconds, and a policy the user wrote is called once).
+    # The copy's plan is the plan when the copy's backward is this one, op for op (the
+    # module's docstring says when it is not).
     if planned is not None and planned_on.same_steps(view):
         chosen = planned
     else:
@@ -574,13 +585,18 @@ def ordered_backprop(ys, xs, *, name="gradients"):
 
 
 @tf.autograph.experimental.do_not_convert
-def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None):
+def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients"):
     """Gradients of ``ys`` w.r.t. ``xs`` built from a saved :class:`Plan` (e.g.
-    ``Plan.from_json``): its per-tensor decisions are scheduled on this graph's backward
-    pass. A plan made for another graph raises a clear error naming the first tensor this
-    graph lacks (graph unchanged)."""
+    ``Plan.from_json``), exactly as saved: a plan carries its whole schedule (copies, swaps,
+    holds, waits, pairs) and the fingerprint of the step it was made for, and this step,
+    built under ``name``, must have the same one. A plan made for another graph raises a
+    clear error (the graph unchanged)."""
     if not isinstance(saved, Plan):
         raise errors.InvalidTypeError(f"plan must be an ome.Plan, got {type(saved).__name__}")
+    if not saved.step:
+        raise errors.InvalidArgumentError(
+            "the plan carries no step fingerprint (it was not made by ome's make_plan): "
+            "plan the step again")
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
     graph = ys[0].graph
     for t in saved.tensors:
@@ -593,23 +609,24 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients", batch_size=None
     if saved.host_device:
         host.validate_host_device(saved.host_device)
     scope = graph.unique_name(name, False)
-    decisions = saved.decisions()
-    reasons = {t.tensor: t.reason for t in saved.tensors}
-    if not _uncopyable(capture_mod.upstream_ops(ys)):
-        scratch, view = _scratch_view(ys, xs, grad_ys, scope, batch_size, {})
-        make_plan(view, decisions, reasons, saved.policy, host_device=saved.host_device,
-                  swap_ahead=saved.schedule.swap_ahead)
+    forward = capture_mod.upstream_ops(ys)
+    if not _uncopyable(forward) and not hasattr(graph, "captures"):
+        # checked on a copy first, so a plan for another step leaves the graph unchanged
+        _, preview = _scratch_view(ys, xs, grad_ys, scope, None, {})
+        if preview.step_fingerprint() != saved.step:
+            _refuse_other_step(name)
     graph.unique_name(name)
-    grads, view, _ = _build_and_capture(ys, xs, grad_ys, scope, batch_size, {})
-    rebuilt = make_plan(view, decisions, reasons, saved.policy, checkpoints=saved.checkpoints,
-                        host_device=saved.host_device, swap_ahead=saved.schedule.swap_ahead)
-    if saved.schedule.holds:
-        rebuilt = plans.with_gradient_holds(view, rebuilt)
-    if any(g.waits for g in saved.schedule.groups):
-        rebuilt = plans.with_leaf_waits(view, rebuilt)
-    if saved.schedule.side_by_side:
-        rebuilt = plans.with_side_by_side(view, rebuilt, saved.schedule.side_by_side)
-    return _returned(grads, _apply(rebuilt, view, graph, scope).held)
+    grads, view, _ = _build_and_capture(ys, xs, grad_ys, scope, None, {})
+    if view.step_fingerprint() != saved.step:
+        _refuse_other_step(name)
+    return _returned(grads, _apply(saved, view, graph, scope).held)
+
+
+def _refuse_other_step(name):
+    raise errors.InvalidArgumentError(
+        f"the plan was made for another step: tf.gradients here (under name={name!r}) "
+        "builds other ops than the step the plan was made for (another graph, other ys, "
+        "xs or grad_ys, or another name)")
 
 
 def _returned(grads, held):

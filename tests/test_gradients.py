@@ -215,6 +215,28 @@ def test_a_saved_plan_runs_its_pairs_side_by_side_where_applied():
         assert_same(*run_both(case, grads))
 
 
+def test_a_previewed_plan_applies_as_saved_and_refuses_another_step():
+    """ome.plan's plan, saved as JSON, builds exactly its schedule through apply_plan
+    (equal to tf.gradients, the recomputed copies there); the same plan on a step with one
+    layer more is refused before the graph is touched."""
+    with tf.Graph().as_default():
+        case = graphs.residual_chain(blocks=10)
+        saved = ome.Plan.from_json(ome.plan(case.ys, case.xs, checkpoints="memory").to_json())
+    assert saved.recomputed and saved.step
+    with tf.Graph().as_default() as graph:
+        case = graphs.residual_chain(blocks=10)
+        grads = ome.apply_plan(saved, case.ys, case.xs)
+        copies = [op for op in graph.get_operations() if "/ome/" in op.name]
+        assert copies, "apply_plan built no recomputed copy"
+        assert_same(*run_both(case, grads))
+    with tf.Graph().as_default() as graph:
+        case = graphs.residual_chain(blocks=11)
+        before = len(graph.get_operations())
+        with pytest.raises(errors.InvalidArgumentError, match="made for another step"):
+            ome.apply_plan(saved, case.ys, case.xs)
+        assert len(graph.get_operations()) == before
+
+
 def test_plan_prints_and_round_trips(graph):
     case = graphs.residual_chain(blocks=10)
     chosen = ome.plan(case.ys, case.xs, checkpoints="memory")

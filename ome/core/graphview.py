@@ -13,6 +13,7 @@ seed gradients); the other backward ops are *early* (shape arithmetic, or a grad
 precomputation from forward values) and run as soon as their inputs exist.
 """
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -256,6 +257,21 @@ class GraphView:
                 and self.forward == other.forward and self.backward == other.backward
                 and self.xs == other.xs and self.ys == other.ys and self.grads == other.grads
                 and self.seeds == other.seeds)
+
+    def step_fingerprint(self):
+        """A digest of the step's structure (ops, their edges and kinds, the orders, xs,
+        ys, gradients, seeds), not of sizes or costs: the schedule a plan builds depends on
+        the structure and the decisions alone, so a plan made for one view builds the same
+        ops on any view with the same fingerprint (:func:`ome.apply_plan`)."""
+        def compute():
+            ops = [(o.name, o.type, o.inputs, o.outputs, o.control_inputs, o.backward,
+                    o.recomputable, o.in_tf1_frame) for o in self.ops.values()]
+            tensors = [(t.name, t.op, t.dtype, t.is_float, t.persistent)
+                       for t in self.tensors.values()]
+            structure = [sorted(ops), sorted(tensors), self.forward, self.backward, self.xs,
+                         self.ys, self.grads, self.seeds]
+            return hashlib.sha256(json.dumps(structure).encode()).hexdigest()
+        return self.derived("step_fingerprint", compute)
 
     # -- plain data ---------------------------------------------------------------------
     def to_dict(self):

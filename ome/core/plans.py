@@ -52,7 +52,10 @@ class Plan:
     recomputation reads or rebuilds. ``checkpoints`` are the tensors the policy chose to
     keep (or swap) as restart points; ``swapped`` those moved to ``host_device``.
     ``estimates`` holds predictions (bytes, seconds) from ``ome.core.simulate``;
-    ``solver``, for the optimal planner's plans, how it was found.
+    ``solver``, for the optimal planner's plans, how it was found. ``step``: the
+    :meth:`~ome.core.graphview.GraphView.step_fingerprint` of the step the schedule was
+    built for; the plan is self-contained, so :func:`ome.apply_plan` builds its schedule
+    as saved on any step with that fingerprint.
     """
 
     policy: str
@@ -64,6 +67,7 @@ class Plan:
     host_device: Optional[str] = None
     estimates: Dict[str, float] = field(default_factory=dict)
     solver: Optional[Solver] = None
+    step: str = ""
 
     @property
     def swapped(self):
@@ -142,7 +146,7 @@ def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=N
                                    reasons.get(t) or _default_reason(view, t, decision)))
     return Plan(policy=policy, xs=view.xs, ys=view.ys, tensors=tuple(rows), schedule=built,
                 checkpoints=tuple(checkpoints), host_device=host_device if built.swaps else None,
-                estimates=dict(estimates or {}), solver=solver)
+                estimates=dict(estimates or {}), solver=solver, step=view.step_fingerprint())
 
 
 def _default_reason(view, tensor, decision):

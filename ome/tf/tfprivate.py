@@ -38,6 +38,14 @@ def in_v1_control_flow(op):
     return op._get_control_flow_context() is not None  # pylint: disable=protected-access
 
 
+def copy_gradient_caches(source, target):
+    """Give graph ``target`` (a copy of ``source``) ``source``'s gradient caches: the Sum
+    gradient builds its shape arithmetic as ops only the first time a graph meets a
+    shape, so without them ``tf.gradients`` on a copy builds ops it does not build on the
+    original."""
+    target._reduced_shape_cache = dict(source._reduced_shape_cache)
+
+
 def copy_op(op, inputs, name):
     """A copy of ``op`` reading ``inputs``, on the original's device."""
     graph = op.graph
