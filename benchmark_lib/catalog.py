@@ -2,7 +2,7 @@
 
 ``models`` and ``baselines`` import TensorFlow (several seconds), so the command line checks
 its arguments against this catalog instead and fails in a fraction of a second.
-``tests/test_benchmark.py`` checks that it equals ``models.NAMES``, ``models.MIN_IMAGE_SIZE``,
+``tests/integration/test_benchmark.py`` checks that it equals ``models.NAMES``, ``models.MIN_IMAGE_SIZE``,
 ``baselines.STRATEGIES``, ``baselines.ALIASES`` and ``baselines.required_options``: a model
 or strategy added there must be added here too. The workers use ``models`` and
 ``baselines`` themselves.

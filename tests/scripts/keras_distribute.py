@@ -1,6 +1,6 @@
 """ome under tf.distribute.MirroredStrategy on two logical CPU devices.
 
-Run by tests/test_distribute.py. Each replica's step is traced separately, so ome rewrites
+Run by tests/integration/test_distribute.py. Each replica's step is traced separately, so ome rewrites
 each replica's gradient graph: a custom loop with ``strategy.run(step)`` and
 ``ome.GradientTape``, and ``fit`` of a wrapped model built under ``strategy.scope()``,
 both giving the same weights after 3 steps as without ome. Under a strategy with two

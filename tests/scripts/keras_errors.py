@@ -1,6 +1,6 @@
 """ome.keras.wrap's refusals and settings, and ome.patch's warning around a Keras fit.
 
-Run by tests/test_keras.py. Each refusal is an ``ome.errors`` exception whose message names
+Run by tests/integration/test_keras.py. Each refusal is an ``ome.errors`` exception whose message names
 the option and the fix, raised before anything on the model changes.
 """
 import logging

@@ -1,6 +1,6 @@
 """One training step with ome.keras.wrap equals plain Keras on varied models; a 3-epoch fit.
 
-Run by tests/test_keras.py. Dropout stays on: both twins are built after the same
+Run by tests/integration/test_keras.py. Dropout stays on: both twins are built after the same
 ``keras.utils.set_random_seed`` so they draw the same masks, and ome's recomputed dropout
 redraws the same mask (a stateless op fed the same seed tensor).
 """

@@ -6,7 +6,7 @@ amplify rounding a thousandfold, so in float32 any change in Grappler's summatio
 weights differ, up to 1e-2 relative) exceeds a tolerance that would still catch a wrong
 gradient. In float64 the same rounding is 1e-13, and the check can be tight.
 
-Run by tests/test_keras.py.
+Run by tests/integration/test_keras.py.
 """
 import numpy as np
 import keras

@@ -1,6 +1,6 @@
 """ome.GradientTape in TensorFlow 2: inside tf.function, in eager mode, in a Keras custom loop.
 
-Run by tests/test_tape.py.
+Run by tests/gradients/test_tape.py.
 """
 import numpy as np
 import keras

@@ -1,6 +1,6 @@
 """ome.keras.wrap applies each weight's update when its gradient is ready, at the same values.
 
-Run by tests/test_keras.py. Keras's own step computes SGD's ``momentum * m`` for every
+Run by tests/integration/test_keras.py. Keras's own step computes SGD's ``momentum * m`` for every
 weight at the start of the step and holds it until that weight's gradient arrives, and
 passes all gradients through one all-reduce (an ``IdentityN``) before any update. The
 model: 16 x Dense(1024) (4 MiB weights) at batch 8 (32 KiB activations), so the step's

@@ -1,6 +1,6 @@
 """GPipe on four logical CPU devices (its own process: the test session has two).
 
-Run by tests/test_pipeline.py. Prints ``OK ...`` lines:
+Run by tests/integration/test_pipeline.py. Prints ``OK ...`` lines:
 - K=4 gradients (M=2, checkpointing off and on) equal the unpipelined full-batch ones;
 - on an MLP of 8 equal layers, the largest device memory falls with K (1 > 2 > 4) and each
   device holds 1/K of the parameter memory.

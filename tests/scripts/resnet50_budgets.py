@@ -3,7 +3,7 @@ profile of the plain step; prints ``budget=<MiB> peak=<bytes> mem_used=<bytes>
 predicted=<bytes> policy=<name>`` per budget (``predicted``: the plan's device peak as planned,
 what stays allocated between steps included).
 
-Run by tests/test_swap.py in a process of its own: ``max_mem`` counts every allocation of
+Run by tests/memory/test_swap.py in a process of its own: ``max_mem`` counts every allocation of
 the process, so buffers earlier tests left behind (about 20 MiB in the full suite) would
 count against the budget too. Budgets are given on the command line, in MiB.
 """

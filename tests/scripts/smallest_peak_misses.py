@@ -1,7 +1,7 @@
 """How often ``ome.policies.search.optimal`` without a limit misses the brute-force smallest peak:
 ``python -m tests.scripts.smallest_peak_misses [--graphs 300] [--most-ops 6] [--seed 7]``.
 
-Draws ``--graphs`` random branchy graphs (``tests/test_optimal.py``'s ``random_views``,
+Draws ``--graphs`` random branchy graphs (``tests/core/test_optimal.py``'s ``random_views``,
 with swaps to an emulated host), simulates every keep / recompute / swap decision set and
 prints each graph where the smallest simulated peak found is above the brute-force one,
 then ``misses M of N``. Planning only, no TensorFlow; minutes for graphs of six ops.
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from ome.policies import search
 from ome.core.costs import CostModel
 from ome.core.schedule import Decision
-from tests.test_optimal import HOST, MiB, SLACK, every_plan, random_views
+from tests.core.test_optimal import HOST, MiB, SLACK, every_plan, random_views
 
 
 def main():

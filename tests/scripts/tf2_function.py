@@ -1,6 +1,6 @@
 """TensorFlow 2 usage: ome.gradients inside tf.function, eager execution on.
 
-Run by tests/test_tf2.py in a process of its own (the test process runs in graph mode).
+Run by tests/gradients/test_tf2.py in a process of its own (the test process runs in graph mode).
 Prints the gradient check and the measured peaks.
 """
 import numpy as np

@@ -1,6 +1,6 @@
 """The tiny GPT's measured memory under none / selective / full, in a process of its own.
 
-Run by tests/test_transformer_policies.py. One training step of gpt-tiny (sequence 128,
+Run by tests/gradients/test_transformer_policies.py. One training step of gpt-tiny (sequence 128,
 batch 8, momentum) per mode, each in a graph and session of its own, with the default
 threads (as ``python -m benchmark_lib.transformer_memory`` measures). Prints one JSON line ``{mode: {"memory_cost": bytes, "stored": bytes}}``.
 

@@ -1,7 +1,7 @@
 """Each route a user calls ome by, as README shows it, on a model whose batch dimension is
 unknown (``[None, ...]``): values equal to plain TensorFlow's and a plan that recomputes.
 
-Run by tests/test_user_routes.py in a process of its own: ``patch`` (``ome.patch`` around
+Run by tests/gradients/test_user_routes.py in a process of its own: ``patch`` (``ome.patch`` around
 ``tf.gradients`` with each option, nested, and an error in its block), ``graph`` (TF1:
 ``ome.gradients``, ``ome.patch`` around ``tf.gradients`` and ``Optimizer.minimize``) or ``eager``
 (``ome.GradientTape`` in ``tf.function``, ``ome.keras.wrap`` and ``fit``). ome is imported

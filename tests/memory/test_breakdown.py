@@ -17,8 +17,9 @@ import pytest
 from models import gpt
 from ome.estimate.breakdown import MemoryBreakdown, plot_breakdowns
 from ome.errors import InvalidArgumentError
+from tests import subprocesses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(subprocesses.ROOT)
 
 CHILD = textwrap.dedent("""
     import json, os

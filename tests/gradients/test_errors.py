@@ -214,7 +214,7 @@ def test_a_gradient_function_of_the_graphs_own_is_planned_on_the_graph(graph, ho
 
 
 def test_sizes_planning_cannot_know_are_refused(graph):
-    # Unknown dimensions are planned at a stand-in (tests/test_unknown_sizes.py), except
+    # Unknown dimensions are planned at a stand-in (tests/gradients/test_unknown_sizes.py), except
     # for a budget, which needs real bytes; a tensor of unknown rank has no size at all.
     x = tf.compat.v1.placeholder(tf.float32, [None, 64])
     h = x

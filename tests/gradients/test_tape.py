@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import ome
 from ome import errors
-from tests.test_keras import run_script
+from tests.subprocesses import run_script
 
 
 def _assert_close(got, want):

@@ -3,32 +3,9 @@
 Keras needs eager execution, which this pytest process turned off (tests/conftest.py), so
 each check runs a script of tests/scripts in a process of its own and reads its ``OK`` lines.
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def script_env():
-    """The environment for a script of tests/scripts: this checkout first on the path (a
-    script's own folder comes first otherwise, and ``ome`` would be whatever is installed)."""
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
-
-
-def run_script(name, *args, timeout=600):
-    """Run ``tests/scripts/<name> args``; its ``OK ...`` lines, or fail with its stderr."""
-    script = Path(__file__).parent / "scripts" / name
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                          timeout=timeout, check=False, env=script_env())
-    assert done.returncode == 0, f"{name} failed:\n{done.stderr[-4000:]}"
-    lines = [line for line in done.stdout.splitlines() if line.startswith("OK")]
-    print("\n".join(lines))
-    return lines
+from tests.subprocesses import run_script
 
 
 def test_one_step_equals_keras_on_varied_models_and_three_epochs_fit():

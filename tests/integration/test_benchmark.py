@@ -23,8 +23,9 @@ from benchmark_lib.modes import (all_modes, frontier, interleaved, max_batch, si
                                  sweep)
 from benchmark_lib.pool import Pool, WorkerFailed
 from benchmark_lib.storage import COLUMNS, MaxBatchResult, ResultsFolder, Row
+from tests import subprocesses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(subprocesses.ROOT)
 MiB = 2**20
 
 

@@ -18,8 +18,9 @@ from ome.policies import planner, transformer
 from ome.errors import InvalidArgumentError, NoBottleneckError
 from ome.core.plans import Solver, with_estimates
 from ome.core.schedule import Decision
+from tests import subprocesses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(subprocesses.ROOT)
 ATTENTION_CORE_TYPES = transformer.SOFTMAX_TYPES | transformer.MATMUL_TYPES \
     | transformer.ELEMENTWISE_TYPES
 

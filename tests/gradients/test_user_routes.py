@@ -4,11 +4,11 @@ values equal to plain TensorFlow's and a plan that recomputes."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests import subprocesses
 
-SCRIPT = Path(__file__).parent / "scripts" / "user_routes.py"
+SCRIPT = subprocesses.SCRIPTS / "user_routes.py"
 ROUTES = {
     "patch": ["OK patch {}", "OK patch {'checkpoints': 'memory'}",
               "OK patch {'checkpoints': 'speed'}", "OK patch {'checkpoints': 'collection'}",

@@ -4,11 +4,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests import subprocesses
 
-README = Path(__file__).parent.parent / "README.md"
+README = subprocesses.ROOT / "README.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 

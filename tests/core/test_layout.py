@@ -6,14 +6,14 @@ Read from the sources with ``ast`` (no TensorFlow), except the run-time checks, 
 the TensorFlow-free layers in a fresh interpreter."""
 import ast
 import functools
-import pathlib
 import subprocess
 import sys
 
 import networkx as nx
 import pytest
+from tests import subprocesses
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = subprocesses.ROOT
 OME = ROOT / "ome"
 # Each layer, by rank: a module may import its own layer and the layers of lower rank. The
 # two side products are layers of their own: neither imports the other.
@@ -143,6 +143,18 @@ def test_the_layers_below_tensorflow_import_none_of_it_at_run_time():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.split()
     assert out == ["[]"]
+
+
+def test_the_core_tests_run_without_tensorflow():
+    """tests/core tests the layers below TensorFlow in milliseconds: its modules import
+    none of it (tests/conftest.py, which configures TensorFlow for the other folders, is
+    not imported here)."""
+    core = sorted(f"tests.core.{p.stem}" for p in (ROOT / "tests" / "core").glob("test_*.py"))
+    script = (f"import importlib, sys\nfor m in {core!r}:\n    importlib.import_module(m)\n"
+              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {TENSORFLOW!r}))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split()
+    assert len(core) >= 5 and out == ["[]"]
 
 
 def test_public_names_and_paths_resolve_and_functions_keep_their_names():

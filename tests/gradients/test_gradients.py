@@ -67,7 +67,7 @@ def test_equals_tf_gradients(graph, name, mode):
                                        ("speed", "tanh_chain")])
 def test_a_policy_with_a_cost_model_builds_the_optimal_planners_better_plan(graph, mode, name):
     # on these graphs the planner's plan is lower than the policy's at no more added time
-    # under the model (tests/test_schedule.py tests the choice on hand-computed costs)
+    # under the model (tests/core/test_schedule.py tests the choice on hand-computed costs)
     case = CASES[name]()
     grads, (plan, _) = ome.gradients(case.ys, case.xs, checkpoints=mode,
                                      cost_model=ome.CostModel(), return_info=True)

@@ -157,7 +157,7 @@ def _rewrote(built, plain_ops):
 
 
 # ome-speed keeps every matmul output; on these chains recomputing the op after each saves
-# nothing, so it builds plain tf.gradients (as tests/test_gradients.py asserts of "speed")
+# nothing, so it builds plain tf.gradients (as tests/gradients/test_gradients.py asserts of "speed")
 NOTHING_TO_DO = {("ome-speed", "mlp"), ("ome-speed", "residual_chain"),
                  ("ome-speed", "tanh_chain")}
 
@@ -323,7 +323,7 @@ def test_openai_on_the_tanh_chain_matches_the_published_figures():
 
 
 def test_openai_refuses_the_unet_where_ome_plans(graph):
-    # ome's measured saving on this graph: tests/test_memory.py::test_unet_auto_saves_memory.
+    # ome's measured saving on this graph: tests/memory/test_memory.py::test_unet_auto_saves_memory.
     case = graphs.unet()
     before = len(graph.get_operations())
     with pytest.raises(errors.NoBottleneckError, match="no bottleneck"):

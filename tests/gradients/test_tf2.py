@@ -2,13 +2,13 @@
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-from tests.test_keras import script_env
+from tests import subprocesses
+from tests.subprocesses import script_env
 
 
 def test_inside_tf_function_equal_and_smaller():
-    script = Path(__file__).parent / "scripts" / "tf2_function.py"
+    script = subprocesses.SCRIPTS / "tf2_function.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=600, check=True, env=script_env()).stdout
     assert "GRADIENTS EQUAL" in out

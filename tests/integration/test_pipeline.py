@@ -16,7 +16,7 @@ from models import gpt, resnet
 from ome import pipeline
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError
 from ome.tf.host import session_config
-from tests.test_keras import run_script
+from tests.subprocesses import run_script
 
 TINY_GPT = gpt.GPTConfig(layers=2, hidden=32, heads=4, vocab=64, positions=16, sequence=16,
                          dropout=0.0)
@@ -236,7 +236,7 @@ def measure_wide_mlp(stages, micro_batches, checkpoint, *, depth=8, width=256, b
 # processes it measured 0.44-0.60 (ten runs), the executor's order of micro-batches varying.
 _WIDE_MLPS = """
 import pickle, sys, tests.conftest
-from tests.test_pipeline import measure_wide_mlp
+from tests.integration.test_pipeline import measure_wide_mlp
 sys.stdout.buffer.write(pickle.dumps([measure_wide_mlp(2, 4, c) for c in (False, True)]))
 """
 

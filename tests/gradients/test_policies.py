@@ -39,7 +39,7 @@ def test_plan_invariants(graph, name, policy):
     # the simulator replays the plan: what it recomputes is not held, so a plan that
     # recomputes predicts a lower peak than keeping everything (plain backprop), but for
     # "speed" on chains, where each recomputed op's input is kept and the copy adds to it
-    # (ome.gradients then builds plain backprop: tests/test_gradients.py)
+    # (ome.gradients then builds plain backprop: tests/gradients/test_gradients.py)
     if plan.recomputed and (policy, name) not in SPEED_SAVES_NOTHING:
         plain = simulate.simulate(view, select.keep_all(view)).device_peak
         assert simulate.simulate(view, plan).device_peak < plain

@@ -1,5 +1,5 @@
 """ome inside tf.distribute.MirroredStrategy replicas (two logical CPUs, own process)."""
-from tests.test_keras import run_script
+from tests.subprocesses import run_script
 
 
 def test_mirrored_custom_loop_and_fit_match_without_ome():

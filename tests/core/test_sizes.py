@@ -1,5 +1,5 @@
 """ome.core.sizes: the one parser of memory sizes (that the layers below TensorFlow import
-without it: tests/test_layout.py)."""
+without it: tests/core/test_layout.py)."""
 import pytest
 
 from ome import errors

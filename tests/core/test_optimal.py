@@ -1,4 +1,5 @@
-"""The optimal planner (ome.policies.search) on hand-built views, then on real models.
+"""The optimal planner (ome.policies.search) on hand-built views (real models:
+tests/gradients/test_optimal_models.py).
 
 Hand-built views: every tensor is 1 MiB unless said otherwise; the backward mirrors the
 forward (``TanhGrad`` reads its op's output, a ``MatMul`` gradient reads its input), and
@@ -22,7 +23,7 @@ from ome.core import costs, schedule, simulate
 from ome.policies import planner, problem, search, select
 from ome.core.costs import STATIC, CostModel
 from ome.core.graphview import build_view
-from tests.test_schedule import resource_variables
+from tests.core.test_schedule import resource_variables
 from ome.core.plans import Solver, make_plan
 from ome.core.schedule import Decision
 
@@ -376,45 +377,6 @@ def test_small_random_graphs_with_swaps_get_the_brute_force_optimum(view):
         cheapest_under(found, limit), rel=1e-9, abs=1e-15)
 
 
-# -- real models (TensorFlow) --------------------------------------------------------------
-
-def _resnet(name, batch, size):
-    import models
-    import tensorflow as tf
-    images = tf.compat.v1.placeholder(tf.float32, [batch, size, size, 3])
-    logits = models.build(name, images, num_classes=10)
-    loss = tf.reduce_mean(tf.square(logits))
-    return images, loss, tf.compat.v1.trainable_variables()
-
-
-@pytest.mark.slow
-def test_resnet200_smallest_and_budget_plans_and_the_plan_gives_tf_gradients():
-    import tensorflow as tf
-
-    import ome
-    with tf.Graph().as_default():
-        _, loss, variables = _resnet("resnet200", 1, 64)
-        view = ome.capture_view(loss, variables)
-    smallest = search.optimal(view)
-    plain = simulate.simulate(view, select.keep_all(view)).device_peak
-    assert smallest.estimates["device_peak"] <= \
-        simulate.simulate(view, select.auto(view)).device_peak
-    limit = (smallest.estimates["device_peak"] + plain) // 2
-    plan = search.optimal(view, limit=limit)
-    assert plan.estimates["device_peak"] <= limit and plan.recomputed
-
-    with tf.Graph().as_default():
-        images, loss, variables = _resnet("resnet200", 1, 64)
-        grads = ome.apply_plan(plan, loss, variables)
-        expected = tf.gradients(loss, variables)
-        feed = {images: np.random.RandomState(0).randn(1, 64, 64, 3).astype(np.float32)}
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            got, want = session.run([grads, expected], feed)
-    for g, w, v in zip(got, want, variables):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=v.name)
-
-
 def test_a_budget_leaves_its_headroom_free():
     """``memory_budget=``'s limit: the resident bytes count in full, and 15% of the budget
     is left free with static estimates, 5% with measured costs; the smallest budget the
@@ -456,7 +418,7 @@ def test_the_smallest_peak_undoes_what_the_min_peak_program_over_recomputes():
 
 
 def test_with_held_gradients_the_planner_plans_the_order_holding_makes_safe():
-    # tests/test_schedule.py's resource_variables in tf.gradients' order (g_a before g_w2):
+    # tests/core/test_schedule.py's resource_variables in tf.gradients' order (g_a before g_w2):
     # kept or recomputed in that order, a (5 MiB) is live beside g_b, g_a and g_w2 (13
     # MiB), so plain backprop is the smallest plan. With the gradients held, recomputing
     # a before g_w2, which then runs first and frees it, peaks at a + g_b + g_w2 = 10 MiB.
