@@ -5,6 +5,7 @@
     costs = ome.profile(sess, train_op, feed)       # measured op times and scratch memory
     with ome.GradientTape() as tape: ...            # inside tf.function
     model = ome.keras.wrap(model)                   # Keras 3 model.fit (imports keras)
+    ome.memory_timeline(record, run_step, "step.png")  # one step's memory, drawn
 
 Names are imported on first use, so the layers below TensorFlow (``ome.core``,
 ``ome.policies``) import without it. The layout: docs/ALGORITHM.md, section "Layout".
@@ -22,7 +23,7 @@ _EXPORTS = {
     "plan": "gradients", "ordered_backprop": "gradients", "patch": "patch",
     "profile": "tf.profile", "profile_order": "tf.profile", "GradientTape": "tape",
     "CostModel": "core.costs", "Decision": "core.plans", "Plan": "core.plans",
-    "explain": "core.plans",
+    "explain": "core.plans", "memory_timeline": "timeline",
 }
 
 __all__ = ["errors", *_EXPORTS, "keras", "pipeline", "host", "estimate"]

@@ -18,6 +18,7 @@ function of its own, a ``tf.function`` graph whose captured variables lose their
 in a copy) is planned on the graph itself, after ``tf.gradients`` built its ops there.
 """
 import dataclasses
+import inspect
 import logging
 import time
 
@@ -116,84 +117,124 @@ def _names(values, what):
     return [_graph_tensor(t, what).name for t in _as_list(values)]
 
 
+def _is_swap_mode(swap):
+    """Whether ``swap`` names a mode (False, None, "auto") rather than tensors; tensors are
+    never compared with a mode, which would build an op."""
+    return swap is False or swap is None or (isinstance(swap, str) and swap == "auto")
+
+
+def check_options(*, checkpoints="auto", pin=None, swap=False, host_device=None,
+                  memory_budget=None, batch_size=None, swap_ahead=1, cost_model=None,
+                  hold_gradients=True, wait_for_leaves=None):
+    """Raise a clear error for an option value :func:`gradients` would refuse, before any
+    graph is built: ``ome.keras.wrap``, ``ome.GradientTape(...)`` and ``ome.patch(...)``
+    check their options here when given, not at the first step. What needs the graph
+    (the tensors of a list or of ``pin``, the collection of ``checkpoints="collection"``)
+    is checked by each call. Returns ``(budget in bytes or None, host device or None)``."""
+    if not isinstance(hold_gradients, bool):
+        raise errors.InvalidTypeError(
+            f"hold_gradients must be a bool, got {type(hold_gradients).__name__}")
+    if wait_for_leaves is not None and not isinstance(wait_for_leaves, bool):
+        raise errors.InvalidTypeError(
+            f"wait_for_leaves must be None or a bool, got {type(wait_for_leaves).__name__}")
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise errors.InvalidTypeError(
+            f"cost_model must be an ome.CostModel (from ome.profile), got "
+            f"{type(cost_model).__name__}")
+    if isinstance(checkpoints, str) and checkpoints not in CHECKPOINT_MODES:
+        raise errors.InvalidArgumentError(
+            f"unknown checkpoints mode {checkpoints!r}; use one of {CHECKPOINT_MODES} "
+            "or a list of tensors")
+    if not _is_swap_mode(swap) and (isinstance(swap, str) or swap is True):
+        raise errors.InvalidArgumentError(
+            f"swap must be False, 'auto' or a list of tensors, got {swap!r}")
+    if pin is not None and not isinstance(pin, dict):
+        raise errors.InvalidTypeError(
+            f"pin must be a dict {{tensor: 'keep'|'recompute'|'swap'}}, got "
+            f"{type(pin).__name__}")
+    for value in (pin or {}).values():
+        if getattr(value, "value", value) not in select.PIN_VALUES:
+            raise errors.InvalidArgumentError(
+                f"pin value {value!r}; use one of {sorted(select.PIN_VALUES)}")
+    budget = None if memory_budget is None else \
+        sizes.parse_bytes(memory_budget, what="memory budget")
+    if batch_size is not None and (isinstance(batch_size, bool) or
+                                   not isinstance(batch_size, int) or batch_size < 1):
+        raise errors.InvalidArgumentError(
+            f"batch_size must be a positive int, got {batch_size!r}")
+    if isinstance(swap_ahead, bool) or not isinstance(swap_ahead, int) or swap_ahead < 0:
+        raise errors.InvalidArgumentError(f"swap_ahead must be an int >= 0, got {swap_ahead!r}")
+    pinned_swaps = any(getattr(v, "value", v) == "swap" for v in (pin or {}).values())
+    asks_swaps = (isinstance(swap, str) and swap == "auto") or \
+        (not _is_swap_mode(swap) and bool(_as_list(swap)))
+    if asks_swaps or pinned_swaps or (budget is not None and host_device is not None):
+        return budget, (host.validate_host_device(host_device) if host_device
+                        else host.default_host_device())
+    return budget, None
+
+
+def check_front_door_options(options, *, front_door, sets):
+    """Check the ``options`` a front door (``ome.keras.wrap``, ``ome.GradientTape``,
+    ``ome.patch``) will pass to :func:`gradients`, when they are given: every name is a
+    keyword of :func:`gradients` the front door does not set itself (``sets``), and every
+    value passes :func:`check_options`."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    accepted = {name for name, parameter in inspect.signature(gradients).parameters.items()
+                if parameter.kind in named} - {"ys", "xs"} - set(sets)
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise errors.InvalidArgumentError(
+            f"{front_door}: unknown or not settable option(s) {', '.join(unknown)}; it "
+            f"accepts {', '.join(sorted(accepted))}")
+    checked = inspect.signature(check_options).parameters
+    check_options(**{name: value for name, value in options.items() if name in checked})
+
+
 class _Options:
     """The planning options of one call, validated before the graph is touched."""
 
     def __init__(self, checkpoints, pin, swap, host_device, memory_budget, batch_size,
                  swap_ahead, cost_model=None, hold_gradients=True, wait_for_leaves=None):
-        if not isinstance(hold_gradients, bool):
-            raise errors.InvalidTypeError(
-                f"hold_gradients must be a bool, got {type(hold_gradients).__name__}")
+        self.budget, self.host_device = check_options(
+            checkpoints=checkpoints, pin=pin, swap=swap, host_device=host_device,
+            memory_budget=memory_budget, batch_size=batch_size, swap_ahead=swap_ahead,
+            cost_model=cost_model, hold_gradients=hold_gradients,
+            wait_for_leaves=wait_for_leaves)
         self.hold_gradients = hold_gradients
-        if wait_for_leaves is not None and not isinstance(wait_for_leaves, bool):
-            raise errors.InvalidTypeError(
-                f"wait_for_leaves must be None or a bool, got {type(wait_for_leaves).__name__}")
         self.wait_for_leaves = _replicas_in_sync() > 1 if wait_for_leaves is None \
             else wait_for_leaves
-        if cost_model is not None and not isinstance(cost_model, CostModel):
-            raise errors.InvalidTypeError(
-                f"cost_model must be an ome.CostModel (from ome.profile), got "
-                f"{type(cost_model).__name__}")
         self.model = cost_model or STATIC
         self.measured = cost_model is not None
-        if callable(checkpoints):
-            self.checkpoints = checkpoints
-        elif isinstance(checkpoints, str):
-            if checkpoints not in CHECKPOINT_MODES:
+        if isinstance(checkpoints, str) and checkpoints == "collection":
+            collected = tf.compat.v1.get_collection("checkpoints")
+            if not collected:
                 raise errors.InvalidArgumentError(
-                    f"unknown checkpoints mode {checkpoints!r}; use one of {CHECKPOINT_MODES} "
-                    "or a list of tensors")
-            if checkpoints == "collection":
-                collected = tf.compat.v1.get_collection("checkpoints")
-                if not collected:
-                    raise errors.InvalidArgumentError(
-                        "checkpoints='collection' but the graph collection 'checkpoints' is "
-                        "empty: tf.compat.v1.add_to_collection('checkpoints', tensor) first")
-                checkpoints = _names(collected, "checkpoints entry")
+                    "checkpoints='collection' but the graph collection 'checkpoints' is "
+                    "empty: tf.compat.v1.add_to_collection('checkpoints', tensor) first")
+            self.checkpoints = _names(collected, "checkpoints entry")
+        elif callable(checkpoints) or isinstance(checkpoints, str):
             self.checkpoints = checkpoints
         else:
             self.checkpoints = _names(checkpoints, "checkpoints entry")
-        if swap not in (False, None, "auto") and (isinstance(swap, str) or swap is True):
-            raise errors.InvalidArgumentError(
-                f"swap must be False, 'auto' or a list of tensors, got {swap!r}")
-        self.swap = swap if swap in (False, None, "auto") else _names(swap, "swap entry")
-        if pin is not None and not isinstance(pin, dict):
-            raise errors.InvalidTypeError(
-                f"pin must be a dict {{tensor: 'keep'|'recompute'|'swap'}}, got "
-                f"{type(pin).__name__}")
+        self.swap = swap if _is_swap_mode(swap) else _names(swap, "swap entry")
         self.pins = {_graph_tensor(t, "pin key").name: v for t, v in (pin or {}).items()}
-        for value in self.pins.values():
-            if getattr(value, "value", value) not in select.PIN_VALUES:
-                raise errors.InvalidArgumentError(
-                    f"pin value {value!r}; use one of {sorted(select.PIN_VALUES)}")
-        self.budget = None if memory_budget is None else \
-            sizes.parse_bytes(memory_budget, what="memory budget")
         if self.budget is not None and cost_model is None:
             log.warning("memory_budget without cost_model: planned from static estimates "
                         "(variables, no kernel scratch memory), which the allocator can "
                         "exceed; measure the step with ome.profile and pass cost_model=")
-        if checkpoints == "optimal" and cost_model is None and self.budget is None:
+        if isinstance(checkpoints, str) and checkpoints == "optimal" and \
+                cost_model is None and self.budget is None:
             log.warning("checkpoints='optimal' without cost_model: planned from static "
                         "estimates (each gradient alive to the step's end, no kernel "
                         "scratch memory), which can choose a plan that measures worse than "
                         "'auto''s; measure the step with ome.profile and pass cost_model=")
-        if batch_size is not None and (isinstance(batch_size, bool) or
-                                       not isinstance(batch_size, int) or batch_size < 1):
-            raise errors.InvalidArgumentError(
-                f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = batch_size
         # Without a budget a plan weighs tensors against each other, not against a limit,
         # so an unknown batch dimension is planned at a stand-in; a budget needs the real one.
         self.sizing_batch = ASSUMED_BATCH if batch_size is None and self.budget is None \
             else batch_size
-        if isinstance(swap_ahead, bool) or not isinstance(swap_ahead, int) or swap_ahead < 0:
-            raise errors.InvalidArgumentError(f"swap_ahead must be an int >= 0, got {swap_ahead!r}")
         self.swap_ahead = swap_ahead
         self.pinned_swaps = any(getattr(v, "value", v) == "swap" for v in self.pins.values())
-        self.host_device = None
-        if self.swap or self.pinned_swaps or (self.budget is not None and host_device is not None):
-            self.host_device = (host.validate_host_device(host_device) if host_device
-                                else host.default_host_device())
 
     def user_decided(self):
         """Whether the user chose tensors (a list, pins or swaps): honoured as given."""
@@ -554,6 +595,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
         chosen = make_policy_plan(view, options, graph)
     info = _apply(chosen, view, graph, scope)
     info.backward_ops = backward_ops
+    info.view, info.scope = view, scope
     grads = _returned(grads, info.held)
     _log(chosen, info, time.perf_counter() - start)
     if return_info:

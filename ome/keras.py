@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from ome import errors
 from ome.tf import tfprivate
-from ome.gradients import gradients
+from ome.gradients import check_front_door_options
 from ome.tape import GradientTape
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def wrap(model, **options):
     1
     """
     _check_model(model)
-    _check_options(options)
+    check_front_door_options(options, front_door="ome.keras.wrap", sets=_STEP_SETS)
     if model.compiled:
         _refuse_eager_or_xla(model.run_eagerly, model.jit_compile,
                              fix="compile the model again without it")
@@ -236,17 +236,6 @@ def _check_model(model):
             "without losing your code: inside your train_step, replace `with "
             "tf.GradientTape() as tape:` by `with ome.GradientTape(**options) as tape:` (same "
             "tape.gradient call), and do not wrap the model")
-
-
-def _check_options(options):
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    accepted = {name for name, parameter in inspect.signature(gradients).parameters.items()
-                if parameter.kind in named} - _STEP_SETS
-    unknown = sorted(set(options) - accepted)
-    if unknown:
-        raise errors.InvalidArgumentError(
-            f"unknown ome option(s) {', '.join(unknown)}; ome.keras.wrap accepts "
-            f"{', '.join(sorted(accepted))}")
 
 
 def _refuse_eager_or_xla(eager, jit_compile, *, fix):

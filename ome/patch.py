@@ -4,7 +4,6 @@ Like OpenAI's library, this swaps the function object TensorFlow's own modules l
 ``tf.gradients``, ``tf.compat.v1.gradients`` and ``tf.compat.v1.train.Optimizer.minimize``
 (which calls ``tensorflow.python.ops.gradients.gradients``) all use ome.
 """
-import inspect
 import logging
 
 from ome import errors
@@ -14,6 +13,10 @@ log = logging.getLogger(__name__)
 
 
 _warned_never_called = False
+# ome.gradients parameters each patched call takes from its caller (tf.gradients' own).
+_CALL_SETS = frozenset({"grad_ys", "name", "gate_gradients", "aggregation_method",
+                        "stop_gradients", "unconnected_gradients",
+                        "colocate_gradients_with_ops", "return_info"})
 
 
 def _warn_never_called():
@@ -35,17 +38,15 @@ class patch:  # pylint: disable=invalid-name  (used like a function: `with ome.p
     keeps TensorFlow's own signature (``tf.gradients``' for ``tf.gradients``,
     ``tf.compat.v1.gradients``' for the v1 names). Patches nest; stop them in the reverse
     order of starting them. Stopping a patch that served no call logs a warning (once per
-    process) pointing at ``ome.keras.wrap``. Unknown option names raise ``TypeError`` here,
-    their values are checked by each call.
+    process) pointing at ``ome.keras.wrap``. Options are checked here, when given
+    (:func:`ome.gradients.check_front_door_options`); what needs the graph (the tensors
+    of a list), by each call.
     """
 
     def __init__(self, **options):
-        from ome.gradients import gradients  # pylint: disable=import-outside-toplevel
-        try:
-            inspect.signature(gradients).bind(None, None, **options)
-        except TypeError as error:
-            raise TypeError(f"ome.patch: {error} (the options are ome.gradients' keyword "
-                            "options)") from None
+        from ome.gradients import \
+            check_front_door_options  # pylint: disable=import-outside-toplevel
+        check_front_door_options(options, front_door="ome.patch", sets=_CALL_SETS)
         self.options = options
         self.calls = []
         self._saved = None

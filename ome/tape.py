@@ -16,9 +16,12 @@ instead of the operations the tape recorded):
 import tensorflow as tf
 
 from ome import errors
-from ome.gradients import gradients
+from ome.gradients import check_front_door_options, gradients
 
 __all__ = ["GradientTape"]
+
+# ome.gradients parameters the tape sets itself (tape.plans records what return_info gives).
+_TAPE_SETS = frozenset({"grad_ys", "unconnected_gradients", "return_info"})
 
 _USED = ("A non-persistent GradientTape can only be used to compute one set of gradients "
          "(or jacobians)")
@@ -68,6 +71,7 @@ class GradientTape(tf.GradientTape):
         if "return_info" in options:
             raise errors.InvalidArgumentError(
                 "ome.GradientTape records what ome did in tape.plans; do not pass return_info=")
+        check_front_door_options(options, front_door="ome.GradientTape", sets=_TAPE_SETS)
         self._options = options
         self.plans = []
 

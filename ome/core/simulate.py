@@ -78,6 +78,8 @@ class Prediction:
     swap_bytes: int
     peak_at: str  # the op running at the device peak
     over_limit: Tuple[int, ...] = ()  # the events whose running bytes exceed ``limit``
+    # with ``trace=True``: (kind, name, device bytes while it runs) of every replayed event
+    trace: Tuple[Tuple[str, str, int], ...] = ()
 
 
 @dataclass
@@ -87,9 +89,10 @@ class _Buffer:
     pinned: bool  # fetched or held across steps: never freed
 
 
-def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
+def simulate(view, plan, model=STATIC, limit: Optional[int] = None, trace=False):
     """Replay ``plan``'s schedule over ``view`` (scratch memory from ``model``): a
-    :class:`Prediction`, listing the events that run above ``limit`` bytes if given."""
+    :class:`Prediction`, listing the events that run above ``limit`` bytes if given, and
+    with ``trace`` the bytes while each event runs (``ome.memory_timeline`` draws them)."""
     sched = plan.schedule
     decisions = plan.decisions()
     reads = schedule_mod.event_reads(view, sched, decisions)
@@ -114,6 +117,7 @@ def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
     live = host = peak = 0
     peak_at = ""
     over_limit = []
+    traced = []
     ordered = not sched.is_empty()  # the rewrite chains a plan that changes anything
     # a pair run side by side: the second runs while the first still holds its inputs and
     # its scratch, and the first's inputs are freed once both have run
@@ -174,6 +178,8 @@ def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
             peak, peak_at = running, name
         if limit is not None and running > limit:
             over_limit.append(index)
+        if trace:
+            traced.append((kind, name, running))
         if kind == "op" and name in backward:
             backward_done += 1
         due = []
@@ -221,7 +227,8 @@ def simulate(view, plan, model=STATIC, limit: Optional[int] = None):
     elif sched.is_empty():
         peak += model.plain_resident_extra
     return Prediction(device_peak=peak, host_peak=host, recompute_flops=flops,
-                      swap_bytes=swap_bytes, peak_at=peak_at, over_limit=tuple(over_limit))
+                      swap_bytes=swap_bytes, peak_at=peak_at, over_limit=tuple(over_limit),
+                      trace=tuple(traced))
 
 
 def kernel_scratch(view, model, op, *, copy=False, ordered=True):

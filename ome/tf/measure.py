@@ -414,17 +414,37 @@ def shared_allocator_peaks(events, host_ops):
     ...                         (2, "bfc", "", 1, -40, 140)], {"swap_out"})
     SharedAllocatorPeaks(allocator_peak=180, device_peak=140, host_peak=40, device_chunk_waste=0)
     """
+    allocator_peak = device_peak = host_peak = device_waste = 0
+    for point in device_series(events, host_ops):
+        allocator_peak = max(allocator_peak, point.allocated)
+        if point.device > device_peak:
+            device_peak, device_waste = point.device, point.waste
+        host_peak = max(host_peak, point.host)
+    return SharedAllocatorPeaks(allocator_peak, device_peak, host_peak, device_waste)
+
+
+#: One allocator event read as the accelerator's and the host's shares of the allocator:
+#: ``op`` allocated ``nbytes`` at ``picos`` (a free: ``op`` "", ``nbytes`` < 0), after which
+#: the allocator held ``allocated`` bytes, ``host`` of them the host's and ``device`` the
+#: rest, ``waste`` of the device's beyond what its ops asked for.
+SeriesPoint = collections.namedtuple("SeriesPoint",
+                                     "picos op nbytes allocated device host waste")
+
+
+def device_series(events, host_ops, allocator=None):
+    """The :data:`SeriesPoint` of each event of one allocator, in time order (events and
+    ``host_ops`` as :func:`shared_allocator_peaks` reads them; ``allocator``: its name,
+    default the one holding the host's chunks, else the one with the most events)."""
     events = sorted(events, key=lambda event: event[0])
     on_host = collections.Counter(e[1] for e in events if e[4] > 0 and e[2] in host_ops)
     every = collections.Counter(e[1] for e in events)
     if not every:
         raise InvalidArgumentError("no allocator events: was the step run under the profiler "
                                    "with a BFC allocator (TF_CPU_ALLOCATOR_USE_BFC=1)?")
-    allocator = (on_host or every).most_common(1)[0][0]
+    allocator = allocator or (on_host or every).most_common(1)[0][0]
     host_chunks, host_live = {}, 0
     wasted, waste = {}, 0  # device chunks' bytes beyond their requests, by address
-    allocator_peak = device_peak = host_peak = device_waste = 0
-    for _, name, op, address, nbytes, allocated, *requested in events:
+    for picos, name, op, address, nbytes, allocated, *requested in events:
         if name != allocator:
             continue
         if nbytes > 0 and op in host_ops:
@@ -436,11 +456,8 @@ def shared_allocator_peaks(events, host_ops):
         elif nbytes < 0:
             host_live -= host_chunks.pop(address, 0)
             waste -= wasted.pop(address, 0)
-        allocator_peak = max(allocator_peak, allocated)
-        if allocated - host_live > device_peak:
-            device_peak, device_waste = allocated - host_live, waste
-        host_peak = max(host_peak, host_live)
-    return SharedAllocatorPeaks(allocator_peak, device_peak, host_peak, device_waste)
+        yield SeriesPoint(picos, op, nbytes, allocated, allocated - host_live, host_live,
+                          waste)
 
 
 def device_peaks(per_device, *, max_mem):

@@ -11,7 +11,7 @@ name the schedule uses is checked before the first op is added. TensorFlow's pri
 """
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import networkx as nx
 import tensorflow as tf
@@ -19,6 +19,7 @@ import tensorflow as tf
 from ome import errors
 from ome.tf import capture, host, tfprivate
 from ome.core import schedule as schedule_mod
+from ome.core.graphview import GraphView
 from ome.core.schedule import Decision
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,13 @@ class RewriteInfo:
     added_ops: int = 0  # ops added besides tf.gradients' own
     backward_ops: int = 0
     held: Dict[str, tf.Tensor] = field(default_factory=dict)  # gradient name -> what to return
+    # the op names of the replay's copies and swaps: graph op name -> (kind, name) of
+    # ome.core.schedule.events, and the ops that allocate on the host
+    event_ops: Dict[str, Tuple[str, str]] = field(default_factory=dict)
+    host_ops: List[str] = field(default_factory=list)
+    # the step the plan was applied to and its backward's name scope (set by ome.gradients)
+    view: Optional[GraphView] = None
+    scope: str = ""
 
 
 def build_backward(ys, xs, grad_ys, *, scope, **options):
@@ -134,8 +142,13 @@ def apply(plan, view, graph, *, emulated=False, scope="ome"):
                 swapped_in[s.tensor] = swap_in(out, device, [ops[t] for t in s.triggers],
                                                 emulated=emulated)
             info.swapped.append(s.tensor)
+            info.host_ops.append(out.op.name)
+            info.event_ops[out.op.name] = ("swap_out", s.tensor)
+            info.event_ops[swapped_in[s.tensor].op.name] = ("swap_in", s.tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
         copies = _copy_groups(graph, view, sched, ops, decisions, swapped_in)
+        info.event_ops.update({copies[t].op.name: ("copy", op) for op in sched.copied_ops
+                               for t in view.ops[op].outputs if t in copies})
         info.held = _hold_gradients(graph, sched, ops, copies)
     for reader, tensor in sched.reroutes:
         replacement = swapped_in[tensor] if decisions.get(tensor) == Decision.SWAP \

@@ -264,3 +264,17 @@ def test_any_forward_tensor_can_be_swapped_not_only_checkpoints(graph):
     with tf.compat.v1.Session(config=ome.host.session_config()) as sess:
         got, want = sess.run([grads, tf.gradients(case.ys, case.xs)], case.feed)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("front_door", [ome.patch, ome.GradientTape])
+@pytest.mark.parametrize("options, error, words", [
+    ({"memory_budget": "lots"}, errors.BudgetError, "cannot parse memory budget"),
+    ({"swap": "yes"}, errors.InvalidArgumentError, "swap must be"),
+    ({"checkpoints": "fastest"}, errors.InvalidArgumentError, "unknown checkpoints mode"),
+    ({"checkpoint": "auto"}, errors.InvalidArgumentError, "unknown or not settable"),
+    ({"grad_ys": None}, errors.InvalidArgumentError, "unknown or not settable"),
+])
+def test_front_doors_check_their_options_when_given(graph, front_door, options, error, words):
+    """ome.patch(...) and ome.GradientTape(...) refuse a bad option when it is given, before
+    any gradient is built (ome.keras.wrap: tests/scripts/keras_errors.py)."""
+    raises_unchanged(graph, error, words, lambda: front_door(**options))

@@ -638,6 +638,7 @@ def test_interleaved_refusals(capsys, argv, fragment):
     assert fragment in _cli_error(capsys, argv)
 
 
+@pytest.mark.slow  # two minutes: every repetition in fresh processes
 def test_interleaved_measures_memory_and_times_the_strategies_in_each_repetition(capsys):
     # one repetition (three fresh processes); _summary over several: the test below
     code = cli.main(["--interleaved", "--model", "resnet18", "--strategies", "vanilla,ome",
@@ -1019,6 +1020,7 @@ def test_end_to_end_run_then_refused_then_resumed(tmp_path):
         assert list(csv.DictReader(f)) == rows
 
 
+@pytest.mark.slow  # about a minute: a profiled worker run
 def test_a_profiled_run_carries_the_plans_prediction():
     """``--simulator-check`` and ``--frontier`` runs: the worker profiles the plain step and
     the strategy plans with it (measured sizes and gradient lifetimes included); the

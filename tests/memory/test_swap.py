@@ -172,6 +172,7 @@ def test_ome_below_recompute_only_on_models(name, batch, size):
     assert swapping["host_peak"] > 0
 
 
+@pytest.mark.slow  # about two minutes: ResNet-50 profiled and measured at three budgets
 def test_resnet50_budgets_are_met_with_a_profile():
     """ResNet-50, batch 16, 112x112, momentum: plain backprop measures ~680 MiB and the
     smallest recompute-only plan simulates ~350 MiB. With the step profiled first (kernel

@@ -68,6 +68,11 @@ print("OK", refused_unchanged(mlp(OwnStep, jit_compile=False), ome.errors.Invali
                               "overrides train_step", "ome.GradientTape"))
 print("OK", refused_unchanged(mlp(), ome.errors.InvalidArgumentError, "checkpoint",
                               checkpoint="auto"))
+# Values are checked at wrap, not at the first step of fit.
+print("OK", refused_unchanged(mlp(), ome.errors.BudgetError, "cannot parse memory budget",
+                              memory_budget="lots"))
+print("OK", refused_unchanged(mlp(), ome.errors.InvalidArgumentError, "swap must be",
+                              swap="yes"))
 
 # Wrapped before compile: compile is guarded, jit_compile="auto" becomes False.
 model = ome.keras.wrap(mlp())

@@ -19,7 +19,7 @@ from ome import host, pipeline  # noqa: E402
 host.emulate_host(devices=4)
 tf.compat.v1.disable_eager_execution()
 
-from tests import test_pipeline as common  # noqa: E402
+from tests.integration import test_pipeline as common  # noqa: E402
 
 
 def check_gradients(values, expected, checkpoint):
