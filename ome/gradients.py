@@ -298,9 +298,17 @@ def _log_assumed_batch(options, forward):
 
 
 def make_policy_plan(view, options, graph):
-    """The Plan ``options`` ask for on captured ``view``; its ``device_peak`` estimate
-    counts what stays allocated between steps (the profile's resident bytes, else the
-    variables)."""
+    """The Plan ``options`` ask for on captured ``view``, the one function every route
+    plans through; its ``device_peak`` estimate counts what stays allocated between steps
+    (the profile's resident bytes, else the variables).
+
+    In order: the policy's (or budget's) decisions and schedule, predicted, and plain
+    backprop instead where they save nothing (:func:`_policy_plan`); the gradients held
+    where that predicts no higher peak (:func:`_held`, the schedule rebuilt with the
+    backward leaves first); the leaf waits of several replicas; the sibling pairs run
+    side by side where the replay stays within the peak already predicted
+    (``planner.side_by_side``). The result carries its whole schedule, so
+    :func:`apply_plan` builds it again as it is."""
     resident = options.model.resident_bytes
     static_bytes = capture_mod.graph_variable_bytes(graph) if resident is None else resident
     view = options.model.sized(view)

@@ -213,10 +213,11 @@ def with_gradient_holds(view, plan, *, rewritten=False):
     rewrite applied regardless (:func:`ome.gradients.ordered_backprop`)."""
     if plan.changes_nothing() and not rewritten:
         return plan
-    rebuilt = make_plan(view, plan.decisions(), {t.tensor: t.reason for t in plan.tensors},
-                        plan.policy, checkpoints=plan.checkpoints,
-                        host_device=plan.host_device, swap_ahead=plan.schedule.swap_ahead,
-                        estimates=plan.estimates, solver=plan.solver, leaves_first=True)
+    rebuilt = plan if plan.schedule.leaves_first else make_plan(
+        view, plan.decisions(), {t.tensor: t.reason for t in plan.tensors}, plan.policy,
+        checkpoints=plan.checkpoints, host_device=plan.host_device,
+        swap_ahead=plan.schedule.swap_ahead, estimates=plan.estimates, solver=plan.solver,
+        leaves_first=True)
     holds = schedule_mod.gradient_holds(view, rebuilt.schedule)
     return replace(rebuilt, schedule=replace(rebuilt.schedule, holds=holds)) if holds else plan
 

@@ -150,7 +150,11 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=F
 
 def with_predictions(view, plan, model=STATIC, static_bytes=0):
     """``plan`` with its simulated peaks and estimated added seconds in ``estimates``."""
-    prediction = simulate.simulate(view, plan, model)
+    return _predicted(view, plan, simulate.simulate(view, plan, model), model, static_bytes)
+
+
+def _predicted(view, plan, prediction, model, static_bytes):
+    """``plan`` with ``prediction`` (its replay's) and its added seconds in ``estimates``."""
     return with_estimates(plan, device_peak=float(prediction.device_peak + static_bytes),
                           host_peak=float(prediction.host_peak),
                           added_seconds=added_seconds(view, plan, model))
@@ -158,7 +162,8 @@ def with_predictions(view, plan, model=STATIC, static_bytes=0):
 
 def side_by_side(view, plan, model=STATIC, static_bytes=0):
     """``plan`` whose sibling backward ops (:func:`ome.core.schedule.sibling_pairs`) run side by
-    side wherever that predicts no higher device peak, predicted again; ``plan`` itself
+    side wherever that predicts no higher device peak than ``plan``'s estimate (or its
+    replay, when it has none), predicted again; ``plan`` itself
     when it changes nothing (plain backprop's executor runs them so anyway) or when no
     pair fits. A pair holds both kernels' scratch and its first op's inputs until both
     have run, so each pair whose run spans an event above the peak of ``plan`` runs one
@@ -167,15 +172,17 @@ def side_by_side(view, plan, model=STATIC, static_bytes=0):
         return plan
     reads = schedule_mod.event_reads(view, plan.schedule, plan.decisions())
     pairs = list(schedule_mod.sibling_pairs(view, plan.schedule, reads))
-    limit = simulate.simulate(view, plan, model).device_peak
+    limit = simulate.simulate(view, plan, model).device_peak \
+        if "device_peak" not in plan.estimates else plan.estimates["device_peak"] - static_bytes
     position = {name: i for i, (kind, name) in
                 enumerate(schedule_mod.events(view, plan.schedule, reads)) if kind == "op"}
     while pairs:
         trial = dataclasses.replace(plan, schedule=dataclasses.replace(
             plan.schedule, side_by_side=tuple(pairs)))
-        over = simulate.simulate(view, trial, model, limit=limit).over_limit
-        if not over:
-            return with_predictions(view, trial, model, static_bytes)
+        prediction = simulate.simulate(view, trial, model, limit=limit)
+        if not prediction.over_limit:
+            return _predicted(view, trial, prediction, model, static_bytes)
+        over = prediction.over_limit
         kept = [(first, second) for first, second in pairs if not any(
             position[first] <= index <= position[second] for index in over)]
         if len(kept) == len(pairs):  # the peak rose outside every pair: none is safe
