@@ -1,7 +1,8 @@
 """``ome.memory_timeline``: one training step's device memory, predicted and measured, as a PNG.
 
 The x axis is the step as the simulator replays it (``ome.core.schedule.events``): forward
-ops, then backward ops, copies and swaps in the rewrite's order. The predicted line is the
+ops, then backward ops, copies and swaps in the rewrite's order (early backward ops, such
+as shape arithmetic, run among the forward ones). The predicted line is the
 replay's bytes while each event runs (``ome.core.simulate``), plus what was allocated when
 the measured step began (weights, optimizer slots: the replay counts neither). The
 measured line is TensorFlow's allocator over one step run under its profiler, each
@@ -98,11 +99,14 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
         elif kind in ("swap_out", "swap_in"):
             axes.axvline(i, color="tab:purple", alpha=0.5, lw=0.8,
                          ls="--" if kind == "swap_out" else "-")
+    # backprop proper starts with the first gradient op that reads a forward value (the
+    # seed's shape arithmetic and its broadcast run among the forward ops)
     backward = next((i for i, (kind, name, _) in enumerate(predicted)
-                     if kind == "op" and name in view.main), None)
+                     if kind == "op" and name in view.main
+                     and any(view.is_forward_tensor(t) for t in view.ops[name].inputs)), None)
     if backward is not None:
-        axes.axvline(backward, color="grey", lw=1)
-        axes.annotate("backward starts", (backward, 0), xytext=(3, 3),
+        axes.axvline(backward - 0.5, color="grey", lw=1)
+        axes.annotate("backward pass starts", (backward - 0.5, 0), xytext=(3, 3),
                       textcoords="offset points", color="grey", fontsize=8)
     if limit is not None:
         axes.axhline(limit / _MiB, color="tab:red", lw=1.2,
@@ -118,7 +122,8 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
     axes.set_xlabel("step events in the replay's order (forward, then backward)")
     axes.set_ylabel("device memory, MiB")
     axes.set_ylim(bottom=0)
-    axes.set_title(title or f"one step's device memory: {plan.policy}")
+    source = "a profile" if model.measured else "static estimates"
+    axes.set_title(title or f"one step's device memory: {plan.policy} (predicted from {source})")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     pyplot.close(figure)
