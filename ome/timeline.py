@@ -5,9 +5,10 @@ ops, then backward ops, copies and swaps in the rewrite's order (early backward 
 as shape arithmetic, run among the forward ones). The predicted line is the
 replay's bytes while each event runs (``ome.core.simulate``), plus what was allocated when
 the measured step began (weights, optimizer slots: the replay counts neither). The
-measured line is TensorFlow's allocator over one step run under its profiler, each
-allocation placed at the replayed event of the op that made it (an op the replay does not
-know, such as an optimizer update, at the last one placed before it). Recomputed copies
+measured line is TensorFlow's allocator over one step run under its profiler: at each
+replayed event, the most bytes held while the ops placed there ran (each allocation placed
+at the event of the op that made it; an op the replay does not know, such as an optimizer
+update, at the last one placed before it). Recomputed copies
 are shaded, swaps marked, and the budget drawn when given.
 """
 import dataclasses
@@ -81,12 +82,13 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
         raise errors.InvalidArgumentError("the measured step allocated nothing on the device")
     first = series[0]  # the bytes before it: what stays allocated between steps
     resident = first.device - (0 if first.op in info.host_ops else first.nbytes)
-    xs, ys, at = [], [], 0
+    highest, at = {}, 0  # replay position -> the most device bytes measured there
     for point in series:
         event = info.event_ops.get(point.op) or ("op", point.op)
         at = position.get(event, at)
-        xs.append(at)
-        ys.append(point.device)
+        highest[at] = max(highest.get(at, 0), point.device)
+    xs = sorted(highest)
+    ys = [highest[x] for x in xs]
     predicted_bytes = [resident + running for _, _, running in predicted]
     figure, axes = pyplot.subplots(figsize=(11, 4.5))
     axes.plot(range(len(predicted)), [b / _MiB for b in predicted_bytes], color="tab:blue",
