@@ -339,6 +339,22 @@ def test_views_of_the_same_step_are_the_same_whatever_their_dicts_order():
     assert not GraphView.from_dict(other_order).same_steps(view)
 
 
+def test_a_steps_fingerprint_reads_its_structure_not_its_sizes():
+    """apply_plan builds a saved schedule on a step with the plan's fingerprint: sizes and
+    costs (which no schedule depends on) leave it alone; an edge or an order changes it."""
+    view = chain()
+    data = view.to_dict()
+    resized = dict(data, ops=[dict(o, cost=o["cost"] * 3) for o in data["ops"]],
+                   tensors=[dict(t, bytes=(t["bytes"] or 0) * 2) for t in data["tensors"]])
+    assert GraphView.from_dict(resized).step_fingerprint() == view.step_fingerprint()
+    reordered = dict(data, ops=data["ops"][::-1])
+    assert GraphView.from_dict(reordered).step_fingerprint() == view.step_fingerprint()
+    other_order = dict(data, backward=data["backward"][::-1])
+    assert GraphView.from_dict(other_order).step_fingerprint() != view.step_fingerprint()
+    plan = plan_of(view, {"b:0": Decision.RECOMPUTE})
+    assert plan.step == view.step_fingerprint()
+
+
 def test_replay_runs_each_backward_op_as_soon_as_it_is_ready():
     view = chain()
     order = schedule.replay_order(view)
