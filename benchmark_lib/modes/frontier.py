@@ -24,7 +24,7 @@ from typing import Tuple
 
 from benchmark_lib import plots, protocol
 from benchmark_lib.config import BenchConfig, ConfigError, RoundsKey, RunKey, from_args
-from benchmark_lib.environment import machine_info, now
+from benchmark_lib.environment import command_line, machine_info, now, source_commit
 from benchmark_lib.modes import Mode
 from benchmark_lib.pool import Pool, WorkerFailed
 from benchmark_lib.progress import Console
@@ -340,6 +340,7 @@ def _write(config, points, lines, rounds, budgeted):
     model = config.models[0]
     header = (f"# Frontier: {model}, batch {config.batch_sizes[0]}, image "
               f"{config.image_sizes[model]}x{config.image_sizes[model]}\n\n"
+              f"Command: `{command_line()}`, at commit {source_commit()}.\n\n"
               f"Measured {now()} on {_machine()}; step times are medians of "
               f"{config.steps} steps in each run's own process, then side by side in "
               f"rounds. `added s`: step time minus plain backprop's; `predicted`: the "

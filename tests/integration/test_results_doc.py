@@ -57,3 +57,27 @@ def test_a_largest_batch_folder_shows_its_search_table(tmp_path):
     assert "### Largest batch, resnet50, budget 512.0 MiB (image 64x64)" in text
     assert "| ome | 132 | 510.0 | 2.500 | 52.8 | 4.71 |" in text
     assert "Memory budget: 512.0 MiB." in text
+
+
+def test_a_frontier_folder_shows_its_own_tables_and_chart(tmp_path):
+    results = tmp_path / "results"
+    folder = results / "frontier-r50"
+    folder.mkdir(parents=True)
+    (folder / "frontier.md").write_text(
+        "# Frontier: resnet50, batch 16, image 112x112\n\n"
+        "Command: `python benchmark.py --frontier --model resnet50`, at commit 0123456789ab.\n\n"
+        "| run | budget MiB | status |\n|---|---|---|\n| budget 0.58 | 380 | ok |\n")
+    (folder / "frontier.png").write_bytes(b"\x89PNG")
+    text = "\n".join(results_doc.frontier_section(str(folder)))
+    assert text.startswith("## frontier-r50")
+    assert "# Frontier:" not in text and "| budget 0.58 | 380 | ok |" in text
+    assert "at commit 0123456789ab" in text
+    assert "![frontier-r50](results/frontier-r50/frontier.png)" in text
+    (folder / "frontier.md").write_text("# Frontier\n\n| run |\n")
+    out = tmp_path / "RESULTS.md"
+    try:
+        results_doc.main(["--results", str(results), "--out", str(out)])
+    except SystemExit as exit_:  # argparse's error: the folder does not say its command
+        assert exit_.code == 2
+    else:
+        raise AssertionError("a frontier.md without its command was accepted")
