@@ -123,6 +123,11 @@ def _is_swap_mode(swap):
     return swap is False or swap is None or (isinstance(swap, str) and swap == "auto")
 
 
+def _pins_swap(pin):
+    """Whether ``pin`` (``{tensor: decision}``) asks for a tensor to be swapped."""
+    return any(getattr(v, "value", v) == "swap" for v in (pin or {}).values())
+
+
 def check_options(*, checkpoints="auto", pin=None, swap=False, host_device=None,
                   memory_budget=None, batch_size=None, swap_ahead=1, cost_model=None,
                   hold_gradients=True, wait_for_leaves=None):
@@ -164,10 +169,9 @@ def check_options(*, checkpoints="auto", pin=None, swap=False, host_device=None,
             f"batch_size must be a positive int, got {batch_size!r}")
     if isinstance(swap_ahead, bool) or not isinstance(swap_ahead, int) or swap_ahead < 0:
         raise errors.InvalidArgumentError(f"swap_ahead must be an int >= 0, got {swap_ahead!r}")
-    pinned_swaps = any(getattr(v, "value", v) == "swap" for v in (pin or {}).values())
     asks_swaps = (isinstance(swap, str) and swap == "auto") or \
         (not _is_swap_mode(swap) and bool(_as_list(swap)))
-    if asks_swaps or pinned_swaps or (budget is not None and host_device is not None):
+    if asks_swaps or _pins_swap(pin) or (budget is not None and host_device is not None):
         return budget, (host.validate_host_device(host_device) if host_device
                         else host.default_host_device())
     return budget, None
@@ -234,7 +238,7 @@ class _Options:
         self.sizing_batch = ASSUMED_BATCH if batch_size is None and self.budget is None \
             else batch_size
         self.swap_ahead = swap_ahead
-        self.pinned_swaps = any(getattr(v, "value", v) == "swap" for v in self.pins.values())
+        self.pinned_swaps = _pins_swap(self.pins)
 
     def user_decided(self):
         """Whether the user chose tensors (a list, pins or swaps): honoured as given."""

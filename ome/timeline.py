@@ -68,20 +68,20 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
         raise errors.InvalidTypeError(
             f"run must be a function running one step, got {type(run).__name__}")
     limit = None if budget is None else sizes.parse_bytes(budget, what="budget")
-    import matplotlib  # pylint: disable=import-outside-toplevel  (an optional dependency)
-    matplotlib.use("Agg")
-    from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+    # an optional dependency; a Figure of its own leaves the user's backend alone
+    from matplotlib import figure as figure_mod, lines, patches  # pylint: disable=import-outside-toplevel
 
     view = info.view
     model = cost_model.in_scope(info.scope) if cost_model is not None else STATIC
     predicted = simulate.simulate(view, plan, model, trace=True).trace
     position = {(kind, name): i for i, (kind, name, _) in enumerate(predicted)}
     run()  # warm-up: the measured step allocates what a step allocates, not first-run state
-    series = list(measure.device_series(tfprivate.allocator_events(run), set(info.host_ops)))
+    host_ops = {op for op, (kind, _) in info.event_ops.items() if kind == "swap_out"}
+    series = list(measure.device_series(tfprivate.allocator_events(run), host_ops))
     if not series:
         raise errors.InvalidArgumentError("the measured step allocated nothing on the device")
     first = series[0]  # the bytes before it: what stays allocated between steps
-    resident = first.device - (0 if first.op in info.host_ops else first.nbytes)
+    resident = first.device - (0 if first.op in host_ops else first.nbytes)
     highest, at = {}, 0  # replay position -> the most device bytes measured there
     for point in series:
         event = info.event_ops.get(point.op) or ("op", point.op)
@@ -90,7 +90,8 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
     xs = sorted(highest)
     ys = [highest[x] for x in xs]
     predicted_bytes = [resident + running for _, _, running in predicted]
-    figure, axes = pyplot.subplots(figsize=(11, 4.5))
+    figure = figure_mod.Figure(figsize=(11, 4.5))
+    axes = figure.subplots()
     axes.plot(range(len(predicted)), [b / _MiB for b in predicted_bytes], color="tab:blue",
               label=f"predicted (peak {max(predicted_bytes) / _MiB:.1f} MiB)")
     axes.step(xs, [b / _MiB for b in ys], where="post", color="tab:orange", alpha=0.8,
@@ -115,10 +116,10 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
                      label=f"budget {limit / _MiB:.1f} MiB")
     handles, labels = axes.get_legend_handles_labels()
     if plan.recomputed:
-        handles.append(pyplot.Rectangle((0, 0), 1, 1, color="tab:green", alpha=0.3))
+        handles.append(patches.Rectangle((0, 0), 1, 1, color="tab:green", alpha=0.3))
         labels.append(f"recomputed copies ({len(plan.schedule.copied_ops)} ops)")
     if plan.swapped:
-        handles.append(pyplot.Line2D([], [], color="tab:purple", alpha=0.6))
+        handles.append(lines.Line2D([], [], color="tab:purple", alpha=0.6))
         labels.append(f"swaps (dashed: out, solid: back in; {len(plan.swapped)} tensors)")
     axes.legend(handles, labels, loc="upper left", fontsize=8)
     axes.set_xlabel("step events in the replay's order (forward, then backward)")
@@ -128,7 +129,6 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
     axes.set_title(title or f"one step's device memory: {plan.policy} (predicted from {source})")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    pyplot.close(figure)
     drawn = Timeline(str(path), max(predicted_bytes), max(ys), resident, limit)
     log.info("ome.memory_timeline: %s, predicted peak %s, measured %s", path,
              sizes.format_bytes(drawn.predicted_peak), sizes.format_bytes(drawn.measured_peak))

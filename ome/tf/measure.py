@@ -431,17 +431,17 @@ SeriesPoint = collections.namedtuple("SeriesPoint",
                                      "picos op nbytes allocated device host waste")
 
 
-def device_series(events, host_ops, allocator=None):
+def device_series(events, host_ops):
     """The :data:`SeriesPoint` of each event of one allocator, in time order (events and
-    ``host_ops`` as :func:`shared_allocator_peaks` reads them; ``allocator``: its name,
-    default the one holding the host's chunks, else the one with the most events)."""
+    ``host_ops`` as :func:`shared_allocator_peaks` reads them; the allocator is the one
+    holding the host's chunks, else the one with the most events)."""
     events = sorted(events, key=lambda event: event[0])
     on_host = collections.Counter(e[1] for e in events if e[4] > 0 and e[2] in host_ops)
     every = collections.Counter(e[1] for e in events)
     if not every:
         raise InvalidArgumentError("no allocator events: was the step run under the profiler "
                                    "with a BFC allocator (TF_CPU_ALLOCATOR_USE_BFC=1)?")
-    allocator = allocator or (on_host or every).most_common(1)[0][0]
+    allocator = (on_host or every).most_common(1)[0][0]
     host_chunks, host_live = {}, 0
     wasted, waste = {}, 0  # device chunks' bytes beyond their requests, by address
     for picos, name, op, address, nbytes, allocated, *requested in events:

@@ -38,9 +38,8 @@ class RewriteInfo:
     backward_ops: int = 0
     held: Dict[str, tf.Tensor] = field(default_factory=dict)  # gradient name -> what to return
     # the op names of the replay's copies and swaps: graph op name -> (kind, name) of
-    # ome.core.schedule.events, and the ops that allocate on the host
+    # ome.core.schedule.events (the swap-outs are the ops that allocate on the host)
     event_ops: Dict[str, Tuple[str, str]] = field(default_factory=dict)
-    host_ops: List[str] = field(default_factory=list)
     # the step the plan was applied to and its backward's name scope (set by ome.gradients)
     view: Optional[GraphView] = None
     scope: str = ""
@@ -142,7 +141,6 @@ def apply(plan, view, graph, *, emulated=False, scope="ome"):
                 swapped_in[s.tensor] = swap_in(out, device, [ops[t] for t in s.triggers],
                                                 emulated=emulated)
             info.swapped.append(s.tensor)
-            info.host_ops.append(out.op.name)
             info.event_ops[out.op.name] = ("swap_out", s.tensor)
             info.event_ops[swapped_in[s.tensor].op.name] = ("swap_in", s.tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
