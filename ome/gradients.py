@@ -28,7 +28,7 @@ from ome.tf import capture as capture_mod
 from ome import errors
 from ome.core import plans, sizes
 from ome.policies import planner, search, select, transformer
-from ome.tf import host, rewrite, tfprivate
+from ome.tf import host, measure, rewrite, tfprivate
 from ome.core.costs import STATIC, CostModel
 from ome.core.plans import Plan, make_plan
 from ome.core.schedule import Decision
@@ -224,8 +224,8 @@ class _Options:
         self.pins = {_graph_tensor(t, "pin key").name: v for t, v in (pin or {}).items()}
         if self.budget is not None and cost_model is None:
             log.warning("memory_budget without cost_model: planned from static estimates "
-                        "(variables, no kernel scratch memory), which the allocator can "
-                        "exceed; measure the step with ome.profile and pass cost_model=")
+                        "(what stays allocated, no kernel scratch memory), which the "
+                        "allocator can exceed; measure the step with ome.profile and pass cost_model=")
         if isinstance(checkpoints, str) and checkpoints == "optimal" and \
                 cost_model is None and self.budget is None:
             log.warning("checkpoints='optimal' without cost_model: planned from static "
@@ -304,7 +304,7 @@ def _log_assumed_batch(options, forward):
 def make_policy_plan(view, options, graph):
     """The Plan ``options`` ask for on captured ``view``, the one function every route
     plans through; its ``device_peak`` estimate counts what stays allocated between steps
-    (the profile's resident bytes, else the variables).
+    (the profile's resident bytes, else :func:`ome.tf.measure.resident_bytes`).
 
     In order: the policy's (or budget's) decisions and schedule, predicted, and plain
     backprop instead where they save nothing (:func:`_policy_plan`); the gradients held
@@ -314,7 +314,7 @@ def make_policy_plan(view, options, graph):
     (``planner.side_by_side``). The result carries its whole schedule, so
     :func:`apply_plan` builds it again as it is."""
     resident = options.model.resident_bytes
-    static_bytes = capture_mod.graph_variable_bytes(graph) if resident is None else resident
+    static_bytes = measure.resident_bytes(graph) if resident is None else resident
     view = options.model.sized(view)
     plan = _held(view, _policy_plan(view, options, static_bytes), options, static_bytes)
     if options.wait_for_leaves:

@@ -34,6 +34,7 @@ from typing import Mapping, Optional, Tuple
 import tensorflow as tf
 
 from ome.tf import tfprivate
+from ome.tf.capture import graph_variable_bytes
 from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError, OutOfMemoryError
 from ome.tf.host import canonical_device, emulated_host_bytes, reset_emulated_host_peak
 
@@ -53,6 +54,7 @@ __all__ = [
     "per_device_memory",
     "host_rss",
     "quartiles",
+    "resident_bytes",
     "run_step",
     "shared_allocator_peaks",
     "short_device",
@@ -572,6 +574,21 @@ def _profiled_peaks(session, fetches, feed_dict, host_ops, *, steps, without_hos
                            "figure.", err)
         return None
     return peaks if peaks.host_peak or without_host else None
+
+
+def resident_bytes(graph):
+    """What stays allocated between steps of the step being built in ``graph``, as far as
+    ome can tell without running it: inside a ``tf.function`` traced beside live variables,
+    what the device's allocator holds now (weights, optimizer slots, the batch), where it
+    keeps statistics; else the bytes of the graph's own variables (a TF1 graph's optimizer
+    slots do not exist yet while its gradients are built)."""
+    own = graph_variable_bytes(graph)
+    if not hasattr(graph, "captures"):
+        return own
+    try:
+        return max(own, memory_stats(memory_stats_device(None))["current"])
+    except DeviceError:
+        return own
 
 
 def memory_stats_device(device):

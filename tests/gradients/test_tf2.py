@@ -7,7 +7,7 @@ from tests import subprocesses
 from tests.subprocesses import script_env
 
 
-def test_inside_tf_function_equal_and_smaller():
+def test_inside_tf_function_equal_smaller_and_within_a_budget():
     script = subprocesses.SCRIPTS / "tf2_function.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=600, check=True, env=script_env()).stdout
@@ -16,3 +16,5 @@ def test_inside_tf_function_equal_and_smaller():
     print(peaks)
     assert float(peaks["tf.gradients"]) >= 95  # 100 tanh outputs of 1 MiB
     assert float(peaks["ome"]) <= 25
+    budget, peak = map(float, re.search(r"BUDGET (\S+) PEAK (\S+)", out).groups())
+    assert peak <= budget
