@@ -3,6 +3,7 @@
     grads = ome.gradients(loss, variables)          # instead of tf.gradients
     print(ome.plan(loss, variables))                # what it will keep, recompute, swap
     costs = ome.profile(sess, train_op, feed)       # measured op times and scratch memory
+    costs = ome.profile_steps(lambda: step(x, y))   # the same, for any step (tf.function)
     with ome.GradientTape() as tape: ...            # inside tf.function
     model = ome.keras.wrap(model)                   # Keras 3 model.fit (imports keras)
     ome.memory_timeline(record, run_step, "step.png")  # one step's memory, drawn
@@ -21,7 +22,7 @@ from ome import errors
 _EXPORTS = {
     "apply_plan": "gradients", "capture_view": "gradients", "gradients": "gradients",
     "plan": "gradients", "ordered_backprop": "gradients", "patch": "patch",
-    "profile": "tf.profile", "profile_order": "tf.profile", "GradientTape": "tape",
+    "profile": "tf.profile", "profile_order": "tf.profile", "profile_steps": "tf.profile", "GradientTape": "tape",
     "CostModel": "core.costs", "Decision": "core.plans", "Plan": "core.plans",
     "explain": "core.plans", "memory_timeline": "timeline",
 }

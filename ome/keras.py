@@ -22,28 +22,40 @@ import keras
 import tensorflow as tf
 
 from ome import errors
-from ome.tf import tfprivate
-from ome.gradients import check_front_door_options
+from ome.gradients import check_front_door_options, check_options, gradients
+from ome.measured_steps import MeasuredSteps
 from ome.tape import GradientTape
+from ome.tf import measure, tfprivate
 
 log = logging.getLogger(__name__)
 
-__all__ = ["wrap", "plans"]
+__all__ = ["wrap", "plans", "measured_cost_model"]
 
 # ome.gradients parameters the train step sets itself.
 _STEP_SETS = frozenset({"ys", "xs", "grad_ys", "name", "return_info", "unconnected_gradients"})
 
 
-def wrap(model, **options):
+def wrap(model, *, profile=None, **options):
     """Make ``model.fit`` train with ``ome.gradients(loss, trainable_weights, **options)``.
 
     Works before or after ``model.compile``. Calling it again replaces the options. The
     model is returned, changed in place; on an error nothing on it has changed.
 
+    With ``memory_budget=`` or ``swap="auto"`` and no ``cost_model=``, the train step
+    measures itself (``ome.measured_steps``): its first step runs a plan from static
+    estimates, its second is profiled, and the step is planned again from what it
+    measured; the steps after are checked against the budget and planned again (a
+    bounded number of times) when one exceeds it. One line in the log says what was
+    predicted and measured.
+
     Parameters
     ----------
     model : keras.Model
         Sequential, Functional or subclassed, whose class keeps Keras's ``train_step``.
+    profile : bool or None
+        Whether the step measures itself, as above (None, the default: when the options
+        ask for a budget or ``swap="auto"`` without a ``cost_model``). It resets the
+        device's peak memory statistics before each step it checks.
     **options
         Keyword options of :func:`ome.gradients`: ``checkpoints=``, ``memory_budget=``,
         ``swap=``, ``host_device=``, ``batch_size=`` (the batch of one replica; needed
@@ -77,15 +89,23 @@ def wrap(model, **options):
     """
     _check_model(model)
     check_front_door_options(options, front_door="ome.keras.wrap", sets=_STEP_SETS)
+    if profile is not None and not isinstance(profile, bool):
+        raise errors.InvalidTypeError(
+            f"ome.keras.wrap: profile must be None or a bool, got {type(profile).__name__}")
     if model.compiled:
         _refuse_eager_or_xla(model.run_eagerly, model.jit_compile,
                              fix="compile the model again without it")
     step = vars(model).get("train_step")
     if isinstance(step, _TrainStep):
-        step.options = options
+        step.options, step.overrides = options, {}
     else:
-        model.train_step = _TrainStep(model, options)
+        step = model.train_step = _TrainStep(model, options)
         model.compile = _guarded_compile(model)
+    step.measured = _measures(options, profile)
+    if step.measured:
+        model.make_train_function = _measured_train_function(model, step)
+    else:
+        vars(model).pop("make_train_function", None)
     model.train_function = None  # traced again, with ome, on the next fit
     log.info("ome.keras.wrap: %s trains with ome.gradients(%s)", model.name, options)
     return model
@@ -118,6 +138,14 @@ def plans(model):
     return list(step.plans)
 
 
+def measured_cost_model(model):
+    """The :class:`ome.CostModel` a wrapped model's step measured of itself (``wrap``'s
+    ``profile``), or None before it has: save it (``to_json``) and pass it back as
+    ``wrap(model, cost_model=...)`` to plan from it without profiling again."""
+    plans(model)  # refuses a model that is not wrapped
+    return vars(model)["train_step"].overrides.get("cost_model")
+
+
 class _TrainStep:
     """Keras's TensorFlow ``train_step`` with the gradients taken by ``ome.GradientTape``.
 
@@ -130,6 +158,9 @@ class _TrainStep:
     def __init__(self, model, options):
         self.model = model
         self.options = options
+        self.overrides = {}  # options a measured step replaces (ome.measured_steps)
+        self.measured = False  # whether it is (then a static refusal is measured instead)
+        self.updates = None  # gradient producer -> update ops reading it (_update_readers)
         self.plans = []
 
     @tf.autograph.experimental.do_not_convert
@@ -139,16 +170,32 @@ class _TrainStep:
                              fix="set it back to False")
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         _check_batch_known(x, self.options)
-        with GradientTape(**self.options) as tape:
+        if model.optimizer is not None and not model.optimizer.built:
+            # its slots now, not inside apply_gradients: a budget counts them as they
+            # stay allocated, and the plan is made before apply_gradients runs
+            with tf.init_scope():
+                model.optimizer.build(model.trainable_variables)
+        with GradientTape(**{**self.options, **self.overrides}) as tape:
             y_pred, loss = tfprivate.keras_forward_and_loss(
                 model, x, y, sample_weight, batch_size=tf.shape(_first_input(x))[0])
             if model.optimizer is not None:
                 loss = model.optimizer.scale_loss(loss)
         weights = model.trainable_weights
         if weights:
-            grads = tape.gradient(loss, weights)
+            try:
+                grads = tape.gradient(loss, weights)
+            except errors.BudgetError as err:
+                if not self.measured or self.overrides or not hasattr(err, "reachable"):
+                    raise
+                log.warning("ome.keras.wrap(%s): %s; measuring ome's default plan first, "
+                            "then planning the budget from what it measured", model.name, err)
+                grads, record = gradients(loss, weights, return_info=True,
+                                          **dict(self.options, memory_budget=None))
+                self.plans.append(record)
             self.plans.extend(tape.plans)
+            first = len(tf.compat.v1.get_default_graph().get_operations())
             _apply_gradients(model.optimizer, grads, weights)
+            self.updates = _update_readers(self.plans[-1][1], grads, first)
         else:
             warnings.warn("The model does not have any trainable weights.")
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
@@ -185,6 +232,29 @@ def _apply_gradients(optimizer, grads, weights):
     _wait_for_own_gradient(graph.get_operations()[first:], grads)
 
 
+def _update_readers(info, grads, first):
+    """``{gradient producer op: update ops reading the gradient}`` for the step's profile
+    (``ome.profile_steps``' ``updates``) when each gradient is read by its own updates
+    only, as ``_apply_gradients`` builds them without a strategy; else None (an
+    all-reduce holds every gradient to the step's end)."""
+    if tf.distribute.has_strategy() or info.view is None:
+        return None
+    graph = tf.compat.v1.get_default_graph()
+    update_ops = {op.name for op in graph.get_operations()[first:]}
+    returned = {getattr(g, "values", g).name: g for g in grads if g is not None}
+    readers = {}
+    for name in info.view.grads:
+        if not name:
+            continue
+        tensor = info.held.get(name, returned.get(name))  # held: what the update reads
+        tensor = getattr(tensor, "values", tensor)  # IndexedSlices: its values
+        if tensor is None:
+            return None
+        readers[name.split(":")[0]] = [c.name for c in tensor.consumers()
+                                       if c.name in update_ops]
+    return readers
+
+
 def _wait_for_own_gradient(update_ops, grads):
     """Control inputs: an op of ``update_ops`` reading no gradient, feeding one, waits for it.
 
@@ -214,6 +284,50 @@ def _wait_for_own_gradient(update_ops, grads):
         if op.inputs and not above[op.name] and len(below[op.name]) == 1:
             grad = grads[next(iter(below[op.name]))]
             tfprivate.add_control_inputs(op, [getattr(grad, "values", grad).op])
+
+
+def _measures(options, profile):
+    """Whether a wrapped step measures itself (``wrap``'s ``profile``)."""
+    if profile is not None:
+        return profile
+    asks = options.get("memory_budget") is not None or options.get("swap") == "auto"
+    return asks and options.get("cost_model") is None
+
+
+def _measured_train_function(model, step):
+    """``model.make_train_function`` whose train function is a :class:`MeasuredSteps`."""
+    make = type(model).make_train_function.__get__(model)
+    budget, _ = check_options(**{k: v for k, v in step.options.items()
+                                 if k in ("memory_budget", "batch_size")})
+
+    def build(overrides):
+        step.overrides = overrides
+        measured = model.train_function
+        make(force=True)
+        traced = model.train_function
+        if isinstance(measured, MeasuredSteps):  # Keras keeps calling the measured step
+            model.train_function = measured
+        return traced
+
+    def estimates():
+        return step.plans[-1][0].estimates if step.plans else {}
+
+    def make_train_function(force=False):
+        if isinstance(model.train_function, MeasuredSteps) and not force:
+            return model.train_function
+        try:
+            measure.memory_stats(measure.memory_stats_device(None))
+        except errors.DeviceError as err:
+            log.warning("ome.keras.wrap: the step cannot measure itself: %s", err)
+            make(force=True)
+            return model.train_function
+        measured = MeasuredSteps(build, budget=budget, estimates=estimates,
+                                 updates=lambda: step.updates,
+                                 name=f"ome.keras.wrap({model.name})")
+        model.train_function = measured
+        return measured
+
+    return make_train_function
 
 
 def _first_input(x):

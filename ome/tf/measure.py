@@ -562,8 +562,9 @@ def _profiled_peaks(session, fetches, feed_dict, host_ops, *, steps, without_hos
     highest of any step, as ``max_mem`` is), or ``None`` when the profiler cannot run or
     (unless ``without_host``) the host allocated nothing."""
     try:
-        events = tfprivate.allocator_events(
-            lambda: [run_step(session, fetches, feed_dict, phase="profiled") for _ in range(steps)])
+        events = tfprivate.profiler_trace(
+            lambda: [run_step(session, fetches, feed_dict, phase="profiled")
+                     for _ in range(steps)]).allocations
         peaks = shared_allocator_peaks(events, host_ops)
     except (tf.errors.AlreadyExistsError, InvalidArgumentError) as err:
         if host_ops:

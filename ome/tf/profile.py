@@ -8,6 +8,11 @@ copies the runtime keeps, e.g. a variable updated while a reader still holds it)
 the model once with ``tf.gradients`` (or any ome plan), profile it, then plan a graph
 built the same way with ``cost_model=``: op names match because ome builds its backward
 pass under the same ``gradients`` name scope as ``tf.gradients``.
+
+``ome.profile_steps(run)`` measures the same figures (op times, kernel scratch, resident
+bytes, chunk overhead) for any callable step, a ``tf.function`` or Keras's included, from
+TensorFlow's profiler (``tfprivate.profiler_trace``) instead of ``RunMetadata``;
+``ome.keras.wrap`` uses it to measure its own steps.
 """
 import bisect
 import collections
@@ -17,7 +22,7 @@ import time
 
 import tensorflow as tf
 
-from ome.tf import host
+from ome.tf import host, tfprivate
 from ome.core.costs import CostModel
 from ome.errors import InvalidArgumentError, InvalidTypeError
 from ome.tf.measure import (check_count, memory_stats, memory_stats_device, run_step,
@@ -126,6 +131,126 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
         chunk_overhead=_chunk_overhead(asked, given),
         source=f"profiled on {stats_device}, median of {steps} traced steps, peak the most "
                f"of {steps + peak_steps}", **extra)
+
+
+def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients"):
+    """The cost model of the step that ``run()`` runs, in any route: a ``tf.function``
+    step, Keras's ``train_on_batch``, a session's ``run``. Read from TensorFlow's own
+    profiler, so it needs no ``RunMetadata`` and profiles the step as it is built (a
+    plan of ome's that fits, not plain backprop, which may not).
+
+    Run the step once before, so that tracing and planning are not what is profiled.
+
+    Parameters
+    ----------
+    run : a callable that runs one training step.
+    steps : profiled calls of ``run``, each under a profiler session of its own; op times
+        are their medians, scratch bytes their maxima (``temporaries``) and minima
+        (``temporaries_alone``).
+    device : whose memory and ops to profile; default ``'GPU:0'`` if present, else
+        ``'CPU:0'``.
+    updates : ``{gradient producer op name: the names of the update ops reading it}``
+        when each gradient is read by updates of its own and freed after them
+        (``ome.keras.wrap``'s step): then ``gradient_lifetime="update"``, and
+        ``update_delays`` counts the backward ops (under ``scope``) that ran before each
+        gradient's last update (the most of the steps).
+
+    Returns
+    -------
+    CostModel
+        ``op_seconds`` (each op's kernel runs, summed over a step), ``temporaries`` and
+        ``temporaries_alone`` (the bytes an op allocated and freed again before its
+        kernel ended), ``resident_bytes`` (allocated before the first profiled step: the
+        weights, optimizer slots and the batch), ``chunk_overhead`` (the allocator's
+        bytes per byte asked, over what the ops kept past their kernels). Without
+        ``updates``, gradients are planned as alive to the step's end
+        (``gradient_lifetime="step"``). Nothing is known of plain backprop's peak.
+
+    Raises
+    ------
+    tf.errors.AlreadyExistsError
+        Another profiling session is active (the user's own, or TensorBoard's).
+    InvalidArgumentError
+        The steps ran no op. (Steps whose buffers are too small for the allocator to
+        report, as oneDNN's CPU allocator's small ones are not, measure no scratch.)
+    """
+    if not callable(run):
+        raise InvalidTypeError(f"run must be a callable that runs one step, got "
+                               f"{type(run).__name__}")
+    steps = check_count("steps", steps, minimum=1)
+    stats_device = memory_stats_device(device)
+    resident = memory_stats(stats_device)["current"]
+    seconds, scratch = collections.defaultdict(list), collections.defaultdict(list)
+    overheads, delays = [], collections.defaultdict(list)
+    for _ in range(steps):
+        trace = tfprivate.profiler_trace(run)
+        step_seconds, start, end = collections.Counter(), {}, {}
+        for op_run in trace.op_runs:
+            step_seconds[op_run.op] += (op_run.end_picos - op_run.start_picos) / 1e12
+            start.setdefault(op_run.op, op_run.start_picos)
+            end[op_run.op] = op_run.end_picos
+        for producer, delay in _delays(start, end, updates or {}, scope).items():
+            delays[producer].append(delay)
+        for op, op_seconds in step_seconds.items():
+            seconds[op].append(op_seconds)
+        kept, step_scratch = _kernel_allocations(trace, _on_device(stats_device))
+        for op, nbytes in step_scratch.items():
+            scratch[op].append(nbytes)
+        asked = sum(event.requested for event in kept)
+        if asked:
+            overheads.append(sum(event.nbytes for event in kept) / asked)
+    if not seconds:
+        raise InvalidArgumentError(
+            "the profiled steps ran no op: run() must run a step (a tf.function, a "
+            "session's run, Keras's train_on_batch)")
+    scratched = {op: sizes for op, sizes in scratch.items()
+                 if max(sizes) >= MIN_SCRATCH_BYTES}
+    extra = {} if updates is None else {
+        "gradient_lifetime": "update", "backward_scope": scope,
+        "update_delays": {op: max(d) for op, d in delays.items()}}
+    return CostModel(
+        op_seconds={op: statistics.median(times) for op, times in seconds.items()},
+        temporaries={op: max(sizes) for op, sizes in scratched.items()},
+        temporaries_alone={op: min(sizes) for op, sizes in scratched.items()},
+        resident_bytes=resident,
+        chunk_overhead=statistics.median(overheads) if overheads else 1.0,
+        source=f"profiled on {stats_device} by TensorFlow's profiler, median of {steps} "
+               "steps", **extra)
+
+
+def _on_device(stats_device):
+    """Whether an allocator (by its name in the profile) is ``stats_device``'s."""
+    kind, _, index = stats_device.partition(":")
+    if kind == "GPU":
+        return lambda name: name.startswith(f"GPU_{index}_")
+    return lambda name: not name.startswith("GPU_") and "host" not in name
+
+
+def _kernel_allocations(trace, on_device):
+    """The allocations of ``trace`` on the device that outlive their op's kernel run, and
+    ``{op: bytes it allocated and freed again before its kernel ended}``."""
+    ends = collections.defaultdict(list)
+    for op_run in trace.op_runs:
+        ends[op_run.op].append((op_run.start_picos, op_run.end_picos))
+    freed = {}  # (allocator, address) of an allocation -> when it was freed
+    live = {}
+    for event in trace.allocations:
+        key = (event.allocator, event.address)
+        if event.nbytes > 0:
+            live[key] = event
+        elif key in live:
+            freed[id(live.pop(key))] = event.picos
+    kept, scratch = [], collections.Counter()
+    for event in trace.allocations:
+        if event.nbytes <= 0 or not event.op or not on_device(event.allocator):
+            continue
+        run_end = next((end for start, end in ends.get(event.op, ())
+                        if start <= event.picos <= end), None)
+        if run_end is not None and freed.get(id(event), float("inf")) <= run_end:
+            scratch[event.op] += event.nbytes
+        else:
+            kept.append(event)
+    return kept, scratch
 
 
 def _step_memory(session, fetches, feed_dict, device, *, phase, **run_options):
@@ -270,6 +395,12 @@ def _update_delays(run_metadata, updates, scope="gradients"):
         for node in device_stats.node_stats:
             start[node.node_name] = node.all_start_micros
             end[node.node_name] = node.all_start_micros + node.all_end_rel_micros
+    return _delays(start, end, updates, scope)
+
+
+def _delays(start, end, updates, scope):
+    """``{gradient producer: backward ops started between its end and its last reader's
+    start}``, from each op's ``start`` and ``end`` times (by op name)."""
     backward_starts = sorted(t for name, t in start.items() if name.startswith(scope + "/"))
     delays = {}
     for producer, readers in updates.items():

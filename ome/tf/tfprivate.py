@@ -6,7 +6,7 @@ ome needs each of these; they are wrapped here so that a TensorFlow upgrade that
 them breaks one module. ``ome.patch``'s monkeypatching of ``tf.gradients`` also lives here,
 and so do the private hooks of Keras 3's TensorFlow train step that ``ome.keras`` mirrors
 (Keras is imported only when one of those is called), and the reading of the profiler's
-private trace format for the allocator's own records (:func:`allocator_events`).
+private trace format for the allocators' records and the kernels' runs (:func:`profiler_trace`).
 """
 import collections
 import contextlib
@@ -159,17 +159,23 @@ def keras_gradients_not_all_reduced(optimizers):
 # (0 for a deallocation): a best-fit allocator may hand out a whole free chunk up to twice that.
 AllocatorEvent = collections.namedtuple(
     "AllocatorEvent", "picos allocator op address nbytes allocated requested")
+# One run of an op's kernel in a profiled step, from its start to its end.
+OpRun = collections.namedtuple("OpRun", "op type start_picos end_picos")
+#: What the profiler recorded while ``run()`` ran, each list in time order.
+Trace = collections.namedtuple("Trace", "allocations op_runs")
 
 
-def allocator_events(run):
-    """Call ``run()`` under TensorFlow's profiler; return the allocators' events, in time
-    order, as :data:`AllocatorEvent` tuples.
+def profiler_trace(run):
+    """Call ``run()`` under TensorFlow's profiler; return its :data:`Trace`: the
+    allocators' events (:data:`AllocatorEvent`) and the ops' kernel runs (:data:`OpRun`).
 
     A BFC allocator emits one profiler event per allocation and deallocation (the
     "MemoryAllocation"/"MemoryDeallocation" events of ``tf.profiler``'s memory profile),
-    naming the allocating op. The profile is written to a temporary directory and read back
-    with the trace format's private protobuf module. Raises ``tf.errors.AlreadyExistsError``
-    when another profiling session (a user's, or a ``FULL_TRACE`` step) is active.
+    naming the allocating op; the executor emits one event per kernel run, named
+    ``"<op name>:<op type>"`` with the type as its display name. The profile is written
+    to a temporary directory and read back with the trace format's private protobuf
+    module. Raises ``tf.errors.AlreadyExistsError`` when another profiling session (a
+    user's, or a ``FULL_TRACE`` step) is active.
     """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
 
@@ -185,30 +191,39 @@ def allocator_events(run):
         for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
             with open(path, "rb") as trace:
                 space.MergeFromString(trace.read())
-    events = []
+    allocations, op_runs = [], []
     for plane in space.planes:
-        event_names = {key: value.name for key, value in plane.event_metadata.items()}
+        metadata = plane.event_metadata
         stat_names = {key: value.name for key, value in plane.stat_metadata.items()}
         for line in plane.lines:
             for event in line.events:
-                kind = event_names.get(event.metadata_id)
-                if kind not in ("MemoryAllocation", "MemoryDeallocation"):
+                kind = metadata[event.metadata_id].name if event.metadata_id in metadata \
+                    else ""
+                picos = line.timestamp_ns * 1000 + event.offset_ps
+                if kind in ("MemoryAllocation", "MemoryDeallocation"):
+                    allocations.append(_allocator_event(kind, picos, event, stat_names))
                     continue
-                stats = {}
-                for stat in event.stats:
-                    name = stat_names.get(stat.metadata_id)
-                    value = stat.WhichOneof("value")
-                    stats[name] = (stat_names.get(stat.ref_value) if value == "ref_value"
-                                   else getattr(stat, value) if value else None)
-                nbytes = int(stats.get("allocation_bytes") or 0)
-                events.append(AllocatorEvent(
-                    picos=line.timestamp_ns * 1000 + event.offset_ps,
-                    allocator=str(stats.get("allocator_name") or ""),
-                    op=str(stats.get("tf_op") or "") if kind == "MemoryAllocation" else "",
-                    address=int(stats.get("addr") or 0),
-                    nbytes=nbytes if kind == "MemoryAllocation" else -nbytes,
-                    allocated=int(stats.get("bytes_allocated") or 0),
-                    requested=int(stats.get("requested_bytes") or 0)
-                    if kind == "MemoryAllocation" else 0))
-    events.sort(key=lambda e: e.picos)
-    return events
+                op_type = metadata[event.metadata_id].display_name if kind else ""
+                if op_type and kind.endswith(":" + op_type) and "::" not in kind:
+                    op_runs.append(OpRun(kind[:-len(op_type) - 1], op_type, picos,
+                                         picos + event.duration_ps))
+    allocations.sort(key=lambda e: e.picos)
+    op_runs.sort(key=lambda r: r.start_picos)
+    return Trace(allocations, op_runs)
+
+
+def _allocator_event(kind, picos, event, stat_names):
+    stats = {}
+    for stat in event.stats:
+        name = stat_names.get(stat.metadata_id)
+        value = stat.WhichOneof("value")
+        stats[name] = (stat_names.get(stat.ref_value) if value == "ref_value"
+                       else getattr(stat, value) if value else None)
+    nbytes = int(stats.get("allocation_bytes") or 0)
+    allocated = kind == "MemoryAllocation"
+    return AllocatorEvent(
+        picos=picos, allocator=str(stats.get("allocator_name") or ""),
+        op=str(stats.get("tf_op") or "") if allocated else "",
+        address=int(stats.get("addr") or 0), nbytes=nbytes if allocated else -nbytes,
+        allocated=int(stats.get("bytes_allocated") or 0),
+        requested=int(stats.get("requested_bytes") or 0) if allocated else 0)

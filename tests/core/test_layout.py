@@ -22,7 +22,7 @@ RANKS = {"base": 0, "core": 1, "policies": 2, "tf": 3, "front doors": 4, "pipeli
 LAYERS = {"ome": "base", "ome.errors": "base", "ome.core": "core", "ome.policies": "policies",
           "ome.tf": "tf", "ome.gradients": "front doors", "ome.tape": "front doors",
           "ome.keras": "front doors", "ome.patch": "front doors", "ome.host": "front doors",
-          "ome.timeline": "front doors",
+          "ome.timeline": "front doors", "ome.measured_steps": "front doors",
           "ome.measure": "front doors", "ome.pipeline": "pipeline", "ome.estimate": "estimate"}
 TENSORFLOW = ("tensorflow", "keras")
 

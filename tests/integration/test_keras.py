@@ -29,6 +29,13 @@ def test_updates_run_as_gradients_arrive_with_the_same_weights():
     assert lines[-1].startswith("OK updates skip the one-replica all-reduce")
 
 
+def test_a_budget_without_a_cost_model_is_measured_and_met():
+    lines = run_script("keras_measured.py")
+    assert [line.split(":")[0] for line in lines] == [
+        "OK measured plan", "OK measured steps within the budget",
+        "OK measured losses follow plain Keras"], lines
+
+
 def test_refusals_compile_guard_budget_and_patch_warning():
     lines = run_script("keras_errors.py")
     assert len(lines) == 14, lines

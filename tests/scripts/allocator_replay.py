@@ -218,7 +218,7 @@ def _record(args, costs_path):
             for _ in range(args.steps):
                 session.run(step.train_op, step.feed_dict)
 
-        events = tfprivate.allocator_events(run)
+        events = tfprivate.profiler_trace(run).allocations
         metadata = tf.compat.v1.RunMetadata()
         session.run(step.train_op, step.feed_dict, run_metadata=metadata,
                     options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE))

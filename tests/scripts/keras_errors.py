@@ -94,7 +94,7 @@ print("OK", refused(lambda: fit(model), ome.errors.InvalidArgumentError, "run_ea
 model = ome.keras.wrap(mlp(jit_compile=False), memory_budget="512KiB")
 print("OK", refused(lambda: fit(model, rows=1000), ome.errors.InvalidArgumentError,
                     "memory_budget", "batch_size=", "unknown batch dimension"))
-ome.keras.wrap(model, memory_budget="512KiB", batch_size=256)
+ome.keras.wrap(model, memory_budget="64MiB", batch_size=256)
 fit(model, rows=1000)
 print("OK memory_budget with batch_size:", ome.keras.plans(model)[-1][0].policy)
 

@@ -1,0 +1,75 @@
+"""ome.measured_steps.MeasuredSteps: the phases of a step that measures itself, with the
+step, its profile and the device's peaks stood in for, so that each path is taken."""
+import pytest
+
+from ome import errors, measured_steps
+from ome.core.costs import CostModel
+
+MiB = 2**20
+
+
+class _Device:
+    """The device's peak memory statistics: each step's peak, in the order given."""
+
+    def __init__(self, peaks):
+        self.peaks, self.step = list(peaks), -1
+
+    def __call__(self, device, *, reset=False):
+        if reset:
+            self.step += 1
+            return None
+        return {"peak": self.peaks[self.step], "current": 0}
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    def make(peaks, budget):
+        device = _Device(peaks)
+        costs = CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in")
+        monkeypatch.setattr(measured_steps, "memory_stats", device)
+        monkeypatch.setattr(measured_steps, "profile_steps",
+                            lambda run, **kwargs: (run(), costs)[1])
+        built = []
+
+        def build(overrides):
+            built.append(dict(overrides))
+            return lambda: len(built)
+
+        step = measured_steps.MeasuredSteps(build, budget=budget, estimates=lambda: {"device_peak": 90 * MiB},
+                                            updates=lambda: None, name="step")
+        return step, built, costs
+    return make
+
+
+def test_profiled_then_planned_again_from_the_measured_costs(measured):
+    step, built, costs = measured([95 * MiB, 96 * MiB], budget=100 * MiB)
+    assert [step(), step(), step()] == [1, 1, 2]  # first, profiled, checked
+    assert built == [{}, {"cost_model": costs}]
+    assert step.phase == "held" and step() == 2
+
+
+def test_a_step_over_the_budget_is_planned_again_for_the_excess_less(measured):
+    step, built, _ = measured([104 * MiB, 99 * MiB], budget=100 * MiB)
+    for _ in range(4):
+        step()
+    # 4 MiB over, and a margin of 1% of the budget
+    assert built[-1]["memory_budget"] == 100 * MiB - 4 * MiB - int(0.01 * 100 * MiB)
+    assert step.phase == "held"
+
+
+def test_a_later_step_over_the_budget_is_corrected_too(measured):
+    step, built, _ = measured([95 * MiB, 97 * MiB, 102 * MiB, 96 * MiB], budget=100 * MiB)
+    for _ in range(6):
+        step()
+    assert len(built) == 3  # first, profiled, and one correction at the fifth step
+    assert built[-1]["memory_budget"] == 100 * MiB - 2 * MiB - int(0.01 * 100 * MiB)
+
+
+def test_still_over_the_budget_after_its_corrections_raises(measured):
+    step, built, _ = measured([104 * MiB] * 4, budget=100 * MiB)
+    step(), step()
+    for _ in range(measured_steps.MAX_CORRECTIONS):
+        step()
+    with pytest.raises(errors.BudgetError, match="measured 104.0 MiB over the budget"):
+        step()
+    assert len(built) == 2 + measured_steps.MAX_CORRECTIONS
