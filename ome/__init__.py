@@ -22,7 +22,8 @@ from ome import errors
 _EXPORTS = {
     "apply_plan": "gradients", "capture_view": "gradients", "gradients": "gradients",
     "plan": "gradients", "ordered_backprop": "gradients", "patch": "patch",
-    "profile": "tf.profile", "profile_order": "tf.profile", "profile_steps": "tf.profile", "GradientTape": "tape",
+    "profile": "tf.profile", "profile_order": "tf.profile", "profile_steps": "tf.profile",
+    "GradientTape": "tape",
     "CostModel": "core.costs", "Decision": "core.plans", "Plan": "core.plans",
     "explain": "core.plans", "memory_timeline": "timeline",
 }

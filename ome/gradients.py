@@ -225,13 +225,15 @@ class _Options:
         if self.budget is not None and cost_model is None:
             log.warning("memory_budget without cost_model: planned from static estimates "
                         "(what stays allocated, no kernel scratch memory), which the "
-                        "allocator can exceed; measure the step with ome.profile and pass cost_model=")
+                        "allocator can exceed; measure the step (ome.profile for a "
+                        "session, ome.profile_steps for any step) and pass cost_model=")
         if isinstance(checkpoints, str) and checkpoints == "optimal" and \
                 cost_model is None and self.budget is None:
             log.warning("checkpoints='optimal' without cost_model: planned from static "
                         "estimates (each gradient alive to the step's end, no kernel "
                         "scratch memory), which can choose a plan that measures worse than "
-                        "'auto''s; measure the step with ome.profile and pass cost_model=")
+                        "'auto''s; measure the step (ome.profile, ome.profile_steps) and "
+                        "pass cost_model=")
         self.batch_size = batch_size
         # Without a budget a plan weighs tensors against each other, not against a limit,
         # so an unknown batch dimension is planned at a stand-in; a budget needs the real one.

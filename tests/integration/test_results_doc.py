@@ -68,7 +68,7 @@ def test_a_frontier_folder_shows_its_own_tables_and_chart(tmp_path):
         "Command: `python benchmark.py --frontier --model resnet50`, at commit 0123456789ab.\n\n"
         "| run | budget MiB | status |\n|---|---|---|\n| budget 0.58 | 380 | ok |\n")
     (folder / "frontier.png").write_bytes(b"\x89PNG")
-    text = "\n".join(results_doc.frontier_section(str(folder)))
+    text = "\n".join(results_doc.markdown_section(str(folder), "frontier.md"))
     assert text.startswith("## frontier-r50")
     assert "# Frontier:" not in text and "| budget 0.58 | 380 | ok |" in text
     assert "at commit 0123456789ab" in text
@@ -81,3 +81,18 @@ def test_a_frontier_folder_shows_its_own_tables_and_chart(tmp_path):
         assert exit_.code == 2
     else:
         raise AssertionError("a frontier.md without its command was accepted")
+
+
+def test_a_budgets_folder_is_a_section_of_its_own(tmp_path):
+    results = tmp_path / "results"
+    folder = results / "keras-resnet50-budgets"
+    folder.mkdir(parents=True)
+    (folder / "budgets.md").write_text(
+        "# Keras ResNet-50 under memory budgets\n\n"
+        "Command: `python -m benchmark_lib.user_budgets`, at commit 0123456789ab.\n\n"
+        "| budget | MiB |\n|---|---|\n| 0.70 | 478.7 |\n")
+    out = tmp_path / "RESULTS.md"
+    assert results_doc.main(["--results", str(results), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "## keras-resnet50-budgets" in text and "| 0.70 | 478.7 |" in text
+    assert "# Keras ResNet-50" not in text

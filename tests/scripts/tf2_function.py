@@ -47,3 +47,25 @@ tf.config.experimental.reset_memory_stats("CPU:0")
 step(x)
 peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
 print(f"BUDGET {budget / 2**20:.1f} PEAK {peak / 2**20:.1f}")
+
+# The same step profiled by ome.profile_steps and planned again from what it measured.
+costs = ome.profile_steps(lambda: step(x))
+assert "profiler" in costs.source and any(op.startswith("Tanh") for op in costs.op_seconds)
+assert costs.resident_bytes >= base, (costs.resident_bytes, base)
+planned = {}
+
+
+def measured(ys, xs):
+    grads, planned["record"] = ome.gradients(ys, xs, memory_budget=budget, cost_model=costs,
+                                             return_info=True)
+    return grads
+
+
+step = make(measured, 100)
+got = step(x)
+tf.config.experimental.reset_memory_stats("CPU:0")
+step(x)
+peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+plan, info = planned["record"]
+assert plan.recomputed and info.copied_ops
+print(f"PROFILED BUDGET {budget / 2**20:.1f} PEAK {peak / 2**20:.1f}")
