@@ -22,7 +22,8 @@ import keras
 import tensorflow as tf
 
 from ome import errors
-from ome.gradients import check_front_door_options, check_options, gradients
+from ome.core import sizes
+from ome.gradients import check_front_door_options, gradients
 from ome.measured_steps import MeasuredSteps
 from ome.tape import GradientTape
 from ome.tf import measure, tfprivate
@@ -193,9 +194,8 @@ class _TrainStep:
                                           **dict(self.options, memory_budget=None))
                 self.plans.append(record)
             self.plans.extend(tape.plans)
-            first = len(tf.compat.v1.get_default_graph().get_operations())
-            _apply_gradients(model.optimizer, grads, weights)
-            self.updates = _update_readers(self.plans[-1][1], grads, first)
+            update_ops = _apply_gradients(model.optimizer, grads, weights)
+            self.updates = _update_readers(self.plans[-1][1], grads, update_ops)
         else:
             warnings.warn("The model does not have any trainable weights.")
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
@@ -220,27 +220,30 @@ def _apply_gradients(optimizer, grads, weights):
     Values are unchanged (same ops, same inputs; only when they run). Under a strategy the
     all-reduce is needed and nothing changes. A ``LossScaleOptimizer`` still checks every
     gradient for infinities before any update (its inner optimizer gets the same identity).
+
+    Returns the update ops it built, or None under a strategy.
     """
     if tf.distribute.has_strategy():
         optimizer.apply_gradients(zip(grads, weights))
-        return
+        return None
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
     chain = [optimizer, getattr(optimizer, "inner_optimizer", None)]
     with tfprivate.keras_gradients_not_all_reduced(chain):
         optimizer.apply_gradients(zip(grads, weights))
-    _wait_for_own_gradient(graph.get_operations()[first:], grads)
+    update_ops = graph.get_operations()[first:]
+    _wait_for_own_gradient(update_ops, grads)
+    return update_ops
 
 
-def _update_readers(info, grads, first):
+def _update_readers(info, grads, update_ops):
     """``{gradient producer op: update ops reading the gradient}`` for the step's profile
     (``ome.profile_steps``' ``updates``) when each gradient is read by its own updates
-    only, as ``_apply_gradients`` builds them without a strategy; else None (an
-    all-reduce holds every gradient to the step's end)."""
-    if tf.distribute.has_strategy() or info.view is None:
+    only, as ``_apply_gradients`` builds them without a strategy (``update_ops``); else
+    None (``update_ops`` None: an all-reduce holds every gradient to the step's end)."""
+    if update_ops is None or info.view is None:
         return None
-    graph = tf.compat.v1.get_default_graph()
-    update_ops = {op.name for op in graph.get_operations()[first:]}
+    update_ops = {op.name for op in update_ops}
     returned = {getattr(g, "values", g).name: g for g in grads if g is not None}
     readers = {}
     for name in info.view.grads:
@@ -297,8 +300,9 @@ def _measures(options, profile):
 def _measured_train_function(model, step):
     """``model.make_train_function`` whose train function is a :class:`MeasuredSteps`."""
     make = type(model).make_train_function.__get__(model)
-    budget, _ = check_options(**{k: v for k, v in step.options.items()
-                                 if k in ("memory_budget", "batch_size")})
+    budget = step.options.get("memory_budget")
+    if budget is not None:
+        budget = sizes.parse_bytes(budget, what="memory budget")
 
     def build(overrides):
         step.overrides = overrides

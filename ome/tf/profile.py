@@ -232,7 +232,7 @@ def _kernel_allocations(trace, on_device):
     ends = collections.defaultdict(list)
     for op_run in trace.op_runs:
         ends[op_run.op].append((op_run.start_picos, op_run.end_picos))
-    freed = {}  # (allocator, address) of an allocation -> when it was freed
+    freed = {}  # id() of an allocation's event -> when it was freed
     live = {}
     for event in trace.allocations:
         key = (event.allocator, event.address)

@@ -61,12 +61,10 @@ def test_a_largest_batch_folder_shows_its_search_table(tmp_path):
 
 def test_a_frontier_folder_shows_its_own_tables_and_chart(tmp_path):
     results = tmp_path / "results"
-    folder = results / "frontier-r50"
-    folder.mkdir(parents=True)
-    (folder / "frontier.md").write_text(
-        "# Frontier: resnet50, batch 16, image 112x112\n\n"
-        "Command: `python benchmark.py --frontier --model resnet50`, at commit 0123456789ab.\n\n"
-        "| run | budget MiB | status |\n|---|---|---|\n| budget 0.58 | 380 | ok |\n")
+    folder = _markdown_result(results / "frontier-r50", "frontier.md",
+                              "Frontier: resnet50, batch 16, image 112x112",
+                              "python benchmark.py --frontier --model resnet50",
+                              "| run | budget MiB | status |\n|---|---|---|\n| budget 0.58 | 380 | ok |")
     (folder / "frontier.png").write_bytes(b"\x89PNG")
     text = "\n".join(results_doc.markdown_section(str(folder), "frontier.md"))
     assert text.startswith("## frontier-r50")
@@ -85,14 +83,19 @@ def test_a_frontier_folder_shows_its_own_tables_and_chart(tmp_path):
 
 def test_a_budgets_folder_is_a_section_of_its_own(tmp_path):
     results = tmp_path / "results"
-    folder = results / "keras-resnet50-budgets"
-    folder.mkdir(parents=True)
-    (folder / "budgets.md").write_text(
-        "# Keras ResNet-50 under memory budgets\n\n"
-        "Command: `python -m benchmark_lib.user_budgets`, at commit 0123456789ab.\n\n"
-        "| budget | MiB |\n|---|---|\n| 0.70 | 478.7 |\n")
+    _markdown_result(results / "keras-resnet50-budgets", "budgets.md",
+                     "Keras ResNet-50 under memory budgets", "python -m benchmark_lib.user_budgets",
+                     "| budget | MiB |\n|---|---|\n| 0.70 | 478.7 |")
     out = tmp_path / "RESULTS.md"
     assert results_doc.main(["--results", str(results), "--out", str(out)]) == 0
     text = out.read_text()
     assert "## keras-resnet50-budgets" in text and "| 0.70 | 478.7 |" in text
     assert "# Keras ResNet-50" not in text
+
+
+def _markdown_result(folder, file, title, command, table):
+    """A run's folder holding the markdown file its command wrote; returns the folder."""
+    folder.mkdir(parents=True)
+    (folder / file).write_text(f"# {title}\n\nCommand: `{command}`, at commit 0123456789ab."
+                               f"\n\n{table}\n")
+    return folder
