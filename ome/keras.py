@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from ome import errors
 from ome.core import sizes
-from ome.gradients import check_front_door_options, gradients
+from ome.gradients import check_front_door_options
 from ome.measured_steps import MeasuredSteps
 from ome.tape import GradientTape
 from ome.tf import measure, tfprivate
@@ -43,9 +43,9 @@ def wrap(model, *, profile=None, **options):
     model is returned, changed in place; on an error nothing on it has changed.
 
     With ``memory_budget=`` or ``swap="auto"`` and no ``cost_model=``, the train step
-    measures itself (``ome.measured_steps``): its first step runs a plan from static
-    estimates, its second is profiled, and the step is planned again from what it
-    measured; the steps after are checked against the budget and planned again (a
+    measures itself (``ome.measured_steps``): its first step runs ome's default plan
+    (the budget left out), its second is profiled, and the step is planned again, for
+    the budget, from what it measured; the steps after are checked against the budget and planned again (a
     bounded number of times) when one exceeds it. One line in the log says what was
     predicted and measured.
 
@@ -160,7 +160,7 @@ class _TrainStep:
         self.model = model
         self.options = options
         self.overrides = {}  # options a measured step replaces (ome.measured_steps)
-        self.measured = False  # whether it is (then a static refusal is measured instead)
+        self.measured = False  # whether it measures itself (then it plans no budget before)
         self.updates = None  # gradient producer -> update ops reading it (_update_readers)
         self.plans = []
 
@@ -176,29 +176,44 @@ class _TrainStep:
             # stay allocated, and the plan is made before apply_gradients runs
             with tf.init_scope():
                 model.optimizer.build(model.trainable_variables)
-        with GradientTape(**{**self.options, **self.overrides}) as tape:
+        options = {**self.options, **self.overrides}
+        # a step measuring itself runs ome's default plan until it has measured: a budget
+        # planned from static estimates takes a long search and misjudges the step anyway
+        measuring = self.measured and "cost_model" not in options
+        budget = options.get("memory_budget")
+        if measuring:
+            options["memory_budget"] = None
+        with GradientTape(**options) as tape:
             y_pred, loss = tfprivate.keras_forward_and_loss(
                 model, x, y, sample_weight, batch_size=tf.shape(_first_input(x))[0])
             if model.optimizer is not None:
                 loss = model.optimizer.scale_loss(loss)
         weights = model.trainable_weights
         if weights:
-            try:
-                grads = tape.gradient(loss, weights)
-            except errors.BudgetError as err:
-                if not self.measured or self.overrides or not hasattr(err, "reachable"):
-                    raise
-                log.warning("ome.keras.wrap(%s): %s; measuring ome's default plan first, "
-                            "then planning the budget from what it measured", model.name, err)
-                grads, record = gradients(loss, weights, return_info=True,
-                                          **dict(self.options, memory_budget=None))
-                self.plans.append(record)
+            grads = tape.gradient(loss, weights)
             self.plans.extend(tape.plans)
+            if measuring and budget is not None:
+                _log_measured_plan(model.name, self.plans[-1][0], budget)
             update_ops = _apply_gradients(model.optimizer, grads, weights)
             self.updates = _update_readers(self.plans[-1][1], grads, update_ops)
         else:
             warnings.warn("The model does not have any trainable weights.")
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _log_measured_plan(name, plan, budget):
+    """Say which plan a step measuring itself runs, and whether static estimates expect
+    it over ``budget``."""
+    budget = sizes.parse_bytes(budget, what="memory budget")
+    predicted = plan.estimates.get("device_peak")
+    over = predicted is not None and predicted > budget
+    log.log(logging.WARNING if over else logging.INFO,
+            "ome.keras.wrap(%s): the first two steps run ome's default plan (%s, %s by static "
+            "estimates%s) and are measured; the budget of %s is planned from what they "
+            "measure", name, plan.policy,
+            "?" if predicted is None else sizes.format_bytes(predicted),
+            ", over the budget: they may exceed it" if over else "",
+            sizes.format_bytes(budget))
 
 
 def _apply_gradients(optimizer, grads, weights):

@@ -3,9 +3,9 @@ they measured, and the runs after are checked against the memory budget.
 
 The phases of :class:`MeasuredSteps`, one call of the step each:
 
-1. **first**: the step as the user's options plan it from static estimates; it traces,
-   plans and runs. (Where the static estimates cannot meet the budget, the step's builder
-   plans ome's default instead, so that there is a step to measure: ``ome.keras``.)
+1. **first**: the step as its builder plans it before any measurement (``ome.keras``:
+   ome's default plan, the budget left out: a budget from static estimates takes a long
+   search and misjudges the step anyway); it traces, plans and runs.
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
    the step is then built again with ``cost_model=`` what it measured.
 3. **check**: the device's peak of the rebuilt step is read from the allocator. Over the

@@ -255,14 +255,13 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
             return _chosen(view, lowest, "budget:optimal", budget, model, static_bytes)
         smallest = min(smallest, lowest_peak)
         reachable = smallest_budget(smallest, static_bytes, model)
-        error = errors.BudgetError(
+        raise errors.BudgetError(
             f"cannot fit in {format_bytes(budget)}; the smallest reachable is "
             f"{format_bytes(reachable)} (the smallest plan predicts "
             f"{format_bytes(smallest + static_bytes)}, variables included, and "
             f"{headroom(model):.0%} of the budget is left free"
-            f"{'; without a host device to swap to' if host_device is None else ''})")
-        error.reachable = reachable  # a measured model may reach less: ome.keras measures
-        raise error from None
+            f"{'; without a host device to swap to' if host_device is None else ''})"
+        ) from None
     policy = "budget:none" if plan.changes_nothing() else "budget:optimal"
     return _chosen(view, plan, policy, budget, model, static_bytes)
 

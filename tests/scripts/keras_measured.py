@@ -48,7 +48,7 @@ def allocated():
 
 before = allocated()
 plain_losses, plain_peaks = train(make())
-# 40 MiB under plain's peak: static estimates refuse it, the measured plan recomputes. A
+# 40 MiB under plain's peak: the plan measured and made for it recomputes. A
 # budget is the device's: the plain model's variables, still allocated, count in it too.
 budget = int(allocated() - before + max(plain_peaks[1:]) - 40 * 2**20)
 wrapped = ome.keras.wrap(make(), memory_budget=budget)
