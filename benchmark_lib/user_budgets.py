@@ -2,13 +2,14 @@
 
 No harness: no cost model handed over, no host emulation, no reserved allocator region.
 Keras's ResNet-50 (``keras.applications.ResNet50(weights=None)``, 112x112, batch 16, 10
-classes, SGD with momentum, XLA off) is trained with ``train_on_batch`` on one fixed batch,
-each run in a fresh process, one at a time: plain Keras first, then ome at each budget
-``fraction x`` plain's peak (the most of its steps after the first). Each step's device
+classes, logits, SGD with momentum, XLA off) is trained with ``train_on_batch`` on one
+fixed batch, each run in a fresh process, one at a time: plain Keras first, ome's default
+plan (no budget) next, then ome at each budget ``fraction x`` plain's peak (the most of
+its steps after the first). Each step's device
 peak comes from TensorFlow's allocator (``CPU:0``: reset before the step, read after).
 
-The wrapped step measures itself (``ome.measured_steps``): step 1 runs a static plan,
-step 2 is profiled, step 3 on run the plan made from the profile, checked against the
+The wrapped step measures itself (``ome.measured_steps``): step 1 runs ome's default
+plan, step 2 is profiled, step 3 on run the plan made from the profile, checked against the
 budget. The table gives, per budget, the most of steps 3 on and its share of the budget,
 every step over the budget, the corrections, the losses' largest difference from plain's
 (every plan gives the same gradients, so only float rounding separates them), and the
@@ -54,20 +55,22 @@ def main(argv=None):
     if args.steps < 4:
         parser.error("--steps must be at least 4: three to measure, one to hold")
     fractions = [float(f) for f in args.fractions.split(",")]
-    plain = _run({"budget": None, "steps": args.steps})
+    plain = _run({"budget": None, "wrap": False, "steps": args.steps})
     reference = max(plain["peaks"][1:])
+    print("ome's default plan, no budget", file=sys.stderr, flush=True)
+    default = _run({"budget": None, "wrap": True, "steps": args.steps})
     rows = []
     for fraction in fractions:
         budget = int(fraction * reference)
         print(f"[{len(rows) + 1}/{len(fractions)}] budget {fraction} x plain = "
               f"{budget / _MiB:.1f} MiB", file=sys.stderr, flush=True)
-        rows.append(dict(_run({"budget": budget, "steps": args.steps}), fraction=fraction,
-                         budget=budget))
+        rows.append(dict(_run({"budget": budget, "wrap": True, "steps": args.steps}),
+                         fraction=fraction, budget=budget))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "budgets.json"), "w") as f:
-        json.dump({"plain": plain, "rows": rows, "command": command_line(),
+        json.dump({"plain": plain, "default": default, "rows": rows, "command": command_line(),
                    "commit": source_commit(), "date": now()}, f, indent=1)
-    text = _markdown(plain, reference, rows, args.steps)
+    text = _markdown(plain, default, reference, rows, args.steps)
     with open(os.path.join(args.out, "budgets.md"), "w") as f:
         f.write(text)
     print(text)
@@ -96,13 +99,13 @@ def _child(spec):
     keras.utils.set_random_seed(0)
     size = SHAPE["image"]
     model = keras.applications.ResNet50(weights=None, input_shape=(size, size, 3),
-                                        classes=SHAPE["classes"])
+                                        classes=SHAPE["classes"], classifier_activation=None)
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((SHAPE["batch"], size, size, 3)).astype("float32")
     y = rng.integers(0, SHAPE["classes"], (SHAPE["batch"],)).astype("int32")
-    if spec["budget"] is not None:
+    if spec["wrap"]:
         model = ome.keras.wrap(model, memory_budget=spec["budget"])
     peaks, losses, seconds, corrections = [], [], [], []
     try:
@@ -125,7 +128,7 @@ def _child(spec):
     return result
 
 
-def _markdown(plain, reference, rows, steps):
+def _markdown(plain, default, reference, rows, steps):
     info = machine_info()
     lines = ["# Keras ResNet-50 under memory budgets, as a user asks for them", "",
              f"Command: `{command_line()}`, at commit {source_commit()}.", "",
@@ -136,22 +139,26 @@ def _markdown(plain, reference, rows, steps):
              f"(the most of steps 2 on): {reference / _MiB:.1f} MiB. `held`: the most of "
              f"steps 3 on (after the profile), MiB and share of the budget; `over`: every "
              f"step over the budget (step: MiB); `loss diff`: the largest difference from "
-             f"plain's losses; `step 1 s` / `step 3 s`: wall time, each tracing and "
-             f"planning.", "",
+             f"plain's losses (float rounding alone: every plan gives the same gradients; "
+             f"the first row, ome without a budget, shows how far that goes); `step 1 s` / "
+             f"`step 3 s`: wall time, each tracing and planning.", "",
              "| budget | MiB | held MiB | of budget | over | corrections | predicted MiB | "
              "recomputed | loss diff | step 1 s | step 3 s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        head = f"| {row['fraction']:.2f} | {row['budget'] / _MiB:.1f} |"
+    for row in [dict(default, fraction=None, budget=None)] + rows:
+        head = "| none (ome's default plan) | - |" if row["budget"] is None else \
+            f"| {row['fraction']:.2f} | {row['budget'] / _MiB:.1f} |"
         if "error" in row and not row.get("peaks"):
             lines.append(f"{head} failed: {row['error']} |" + " |" * 9)
             continue
         held = max(row["peaks"][2:]) if len(row["peaks"]) > 2 else None
-        over = ", ".join(f"{i + 1}: {p / _MiB:.1f}" for i, p in enumerate(row["peaks"])
-                         if p > row["budget"]) or "none"
+        over = "-" if row["budget"] is None else ", ".join(
+            f"{i + 1}: {p / _MiB:.1f}" for i, p in enumerate(row["peaks"])
+            if p > row["budget"]) or "none"
         diff = max((abs(a - b) for a, b in zip(row["losses"], plain["losses"])), default=0)
         cells = ["-" if held is None else f"{held / _MiB:.1f}",
-                 "-" if held is None else f"{held / row['budget']:.1%}", over,
+                 "-" if held is None or row["budget"] is None
+                 else f"{held / row['budget']:.1%}", over,
                  str(row["corrections"][-1] if row["corrections"] else 0),
                  "-" if row.get("predicted") is None else f"{row['predicted'] / _MiB:.1f}",
                  str(row.get("recomputed", "-")), f"{diff:.1e}",

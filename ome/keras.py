@@ -25,6 +25,7 @@ from ome import errors
 from ome.core import sizes
 from ome.gradients import check_front_door_options
 from ome.measured_steps import MeasuredSteps
+from ome.policies import planner
 from ome.tape import GradientTape
 from ome.tf import measure, tfprivate
 
@@ -331,6 +332,14 @@ def _measured_train_function(model, step):
     def estimates():
         return step.plans[-1][0].estimates if step.plans else {}
 
+    def replayed(costs):
+        if not step.plans or step.plans[-1][1].view is None:
+            return None
+        plan, info = step.plans[-1]
+        predicted = planner.with_predictions(costs.sized(info.view), plan, costs,
+                                             costs.resident_bytes or 0)
+        return predicted.estimates["device_peak"]
+
     def make_train_function(force=False):
         if isinstance(model.train_function, MeasuredSteps) and not force:
             return model.train_function
@@ -341,7 +350,7 @@ def _measured_train_function(model, step):
             make(force=True)
             return model.train_function
         measured = MeasuredSteps(build, budget=budget, estimates=estimates,
-                                 updates=lambda: step.updates,
+                                 updates=lambda: step.updates, replayed=replayed,
                                  name=f"ome.keras.wrap({model.name})")
         model.train_function = measured
         return measured

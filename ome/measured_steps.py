@@ -7,7 +7,9 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    ome's default plan, the budget left out: a budget from static estimates takes a long
    search and misjudges the step anyway); it traces, plans and runs.
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
-   the step is then built again with ``cost_model=`` what it measured.
+   the step is then built again with ``cost_model=`` what it measured. Where the
+   profiled step peaked higher than its plan's replay under those costs predicts, the
+   plan is made for the budget less that error (the replay's error on this step, seen).
 3. **check**: the device's peak of the rebuilt step is read from the allocator. Over the
    budget, the budget the plan is made for is lowered by the excess and a margin, and the
    step built again and checked, at most :data:`MAX_CORRECTIONS` times in all; then
@@ -33,9 +35,10 @@ __all__ = ["MAX_CORRECTIONS", "MeasuredSteps"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
-# Share of the budget a correction leaves free beyond what the step exceeded it by: a
-# step's peak varies by a little from run to run (which free chunk a buffer gets).
-MARGIN = 0.01
+# Share of the budget a correction leaves free beyond what the step exceeded it by: the
+# same plan's peak varies from step to step (which free chunk a buffer gets, which of two
+# ready kernels runs first).
+MARGIN = 0.02
 
 
 class MeasuredSteps:
@@ -55,12 +58,15 @@ class MeasuredSteps:
     updates : callable
         ``updates() -> dict or None``: the traced step's gradient updates, as
         :func:`ome.profile_steps` takes them.
+    replayed : callable
+        ``replayed(cost_model) -> bytes or None``: the last plan's device peak as its
+        replay under ``cost_model`` predicts it (resident bytes included).
     name : what the log line calls the step.
     """
 
-    def __init__(self, build, *, budget, estimates, updates, name):
+    def __init__(self, build, *, budget, estimates, updates, replayed, name):
         self.build, self.budget, self.estimates, self.name = build, budget, estimates, name
-        self.updates = updates
+        self.updates, self.replayed = updates, replayed
         self.device = memory_stats_device(None)
         self.overrides = {}
         self.step = build(self.overrides)
@@ -85,10 +91,19 @@ class MeasuredSteps:
     def _profiled(self, *args, **kwargs):
         out = []
         start = time.perf_counter()
+        memory_stats(self.device, reset=True)
         costs = profile_steps(lambda: out.append(self.step(*args, **kwargs)),
                               device=self.device, updates=self.updates())
+        peak = memory_stats(self.device)["peak"]
         self.profile_seconds = time.perf_counter() - start
         self.overrides = {"cost_model": costs}
+        replayed = self.replayed(costs)
+        if self.budget is not None and replayed is not None and peak > replayed:
+            self.overrides["memory_budget"] = self.budget - (peak - replayed)
+            log.info("%s: the profiled step peaked at %s, %s over its replay's %s: the budget "
+                     "is planned for %s", self.name, format_bytes(peak),
+                     format_bytes(peak - replayed), format_bytes(replayed),
+                     format_bytes(self.overrides["memory_budget"]))
         self.step = self.build(self.overrides)
         self.phase = "check"
         return out[0]

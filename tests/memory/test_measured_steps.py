@@ -9,7 +9,8 @@ MiB = 2**20
 
 
 class _Device:
-    """The device's peak memory statistics: each step's peak, in the order given."""
+    """The device's peak memory statistics: each step's peak, in the order given (the
+    profiled step's first: the first step's is not read)."""
 
     def __init__(self, peaks):
         self.peaks, self.step = list(peaks), -1
@@ -23,7 +24,7 @@ class _Device:
 
 @pytest.fixture
 def measured(monkeypatch):
-    def make(peaks, budget):
+    def make(peaks, budget, *, replayed=None):
         device = _Device(peaks)
         costs = CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in")
         monkeypatch.setattr(measured_steps, "memory_stats", device)
@@ -35,38 +36,46 @@ def measured(monkeypatch):
             built.append(dict(overrides))
             return lambda: len(built)
 
-        step = measured_steps.MeasuredSteps(build, budget=budget, estimates=lambda: {"device_peak": 90 * MiB},
-                                            updates=lambda: None, name="step")
+        step = measured_steps.MeasuredSteps(
+            build, budget=budget, estimates=lambda: {"device_peak": 90 * MiB},
+            updates=lambda: None, replayed=lambda costs: replayed, name="step")
         return step, built, costs
     return make
 
 
 def test_profiled_then_planned_again_from_the_measured_costs(measured):
-    step, built, costs = measured([95 * MiB, 96 * MiB], budget=100 * MiB)
+    step, built, costs = measured([90 * MiB, 95 * MiB, 96 * MiB], budget=100 * MiB)
     assert [step(), step(), step()] == [1, 1, 2]  # first, profiled, checked
     assert built == [{}, {"cost_model": costs}]
     assert step.phase == "held" and step() == 2
 
 
 def test_a_step_over_the_budget_is_planned_again_for_the_excess_less(measured):
-    step, built, _ = measured([104 * MiB, 99 * MiB], budget=100 * MiB)
+    step, built, _ = measured([90 * MiB, 104 * MiB, 99 * MiB], budget=100 * MiB)
     for _ in range(4):
         step()
-    # 4 MiB over, and a margin of 1% of the budget
-    assert built[-1]["memory_budget"] == 100 * MiB - 4 * MiB - int(0.01 * 100 * MiB)
+    # 4 MiB over, and a margin of 2% of the budget
+    assert built[-1]["memory_budget"] == 100 * MiB - 4 * MiB - int(0.02 * 100 * MiB)
     assert step.phase == "held"
 
 
 def test_a_later_step_over_the_budget_is_corrected_too(measured):
-    step, built, _ = measured([95 * MiB, 97 * MiB, 102 * MiB, 96 * MiB], budget=100 * MiB)
+    step, built, _ = measured([90 * MiB, 95 * MiB, 97 * MiB, 102 * MiB, 96 * MiB],
+                              budget=100 * MiB)
     for _ in range(6):
         step()
     assert len(built) == 3  # first, profiled, and one correction at the fifth step
-    assert built[-1]["memory_budget"] == 100 * MiB - 2 * MiB - int(0.01 * 100 * MiB)
+    assert built[-1]["memory_budget"] == 100 * MiB - 2 * MiB - int(0.02 * 100 * MiB)
+
+
+def test_a_profiled_step_over_its_replay_lowers_the_budget_planned_by_that_error(measured):
+    step, built, costs = measured([97 * MiB], budget=100 * MiB, replayed=90 * MiB)
+    step(), step()  # the first step's peak is not read: the profiled one's is
+    assert built == [{}, {"cost_model": costs, "memory_budget": 93 * MiB}]
 
 
 def test_still_over_the_budget_after_its_corrections_raises(measured):
-    step, built, _ = measured([104 * MiB] * 4, budget=100 * MiB)
+    step, built, _ = measured([90 * MiB] + [104 * MiB] * 4, budget=100 * MiB)
     step(), step()
     for _ in range(measured_steps.MAX_CORRECTIONS):
         step()
