@@ -24,8 +24,7 @@ import tensorflow as tf
 from ome import errors
 from ome.core import sizes
 from ome.gradients import check_front_door_options
-from ome.measured_steps import MeasuredSteps
-from ome.policies import planner
+from ome.measured_steps import MeasuredSteps, asks_measurement, replayed_peak
 from ome.tape import GradientTape
 from ome.tf import measure, tfprivate
 
@@ -46,9 +45,9 @@ def wrap(model, *, profile=None, **options):
     With ``memory_budget=`` or ``swap="auto"`` and no ``cost_model=``, the train step
     measures itself (``ome.measured_steps``): its first step runs ome's default plan
     (the budget left out), its second is profiled, and the step is planned again, for
-    the budget, from what it measured; the steps after are checked against the budget and planned again (a
-    bounded number of times) when one exceeds it. One line in the log says what was
-    predicted and measured.
+    the budget, from what it measured; the steps after are checked against the budget
+    and planned again (a bounded number of times) when one exceeds it. One line in the
+    log says what was predicted and measured.
 
     Parameters
     ----------
@@ -103,8 +102,7 @@ def wrap(model, *, profile=None, **options):
     else:
         step = model.train_step = _TrainStep(model, options)
         model.compile = _guarded_compile(model)
-    step.measured = _measures(options, profile)
-    if step.measured:
+    if _measures(options, profile):
         model.make_train_function = _measured_train_function(model, step)
     else:
         vars(model).pop("make_train_function", None)
@@ -161,7 +159,6 @@ class _TrainStep:
         self.model = model
         self.options = options
         self.overrides = {}  # options a measured step replaces (ome.measured_steps)
-        self.measured = False  # whether it measures itself (then it plans no budget before)
         self.updates = None  # gradient producer -> update ops reading it (_update_readers)
         self.plans = []
 
@@ -177,14 +174,7 @@ class _TrainStep:
             # stay allocated, and the plan is made before apply_gradients runs
             with tf.init_scope():
                 model.optimizer.build(model.trainable_variables)
-        options = {**self.options, **self.overrides}
-        # a step measuring itself runs ome's default plan until it has measured: a budget
-        # planned from static estimates takes a long search and misjudges the step anyway
-        measuring = self.measured and "cost_model" not in options
-        budget = options.get("memory_budget")
-        if measuring:
-            options["memory_budget"] = None
-        with GradientTape(**options) as tape:
+        with GradientTape(**{**self.options, **self.overrides}) as tape:
             y_pred, loss = tfprivate.keras_forward_and_loss(
                 model, x, y, sample_weight, batch_size=tf.shape(_first_input(x))[0])
             if model.optimizer is not None:
@@ -193,28 +183,11 @@ class _TrainStep:
         if weights:
             grads = tape.gradient(loss, weights)
             self.plans.extend(tape.plans)
-            if measuring and budget is not None:
-                _log_measured_plan(model.name, self.plans[-1][0], budget)
             update_ops = _apply_gradients(model.optimizer, grads, weights)
             self.updates = _update_readers(self.plans[-1][1], grads, update_ops)
         else:
             warnings.warn("The model does not have any trainable weights.")
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-
-def _log_measured_plan(name, plan, budget):
-    """Say which plan a step measuring itself runs, and whether static estimates expect
-    it over ``budget``."""
-    budget = sizes.parse_bytes(budget, what="memory budget")
-    predicted = plan.estimates.get("device_peak")
-    over = predicted is not None and predicted > budget
-    log.log(logging.WARNING if over else logging.INFO,
-            "ome.keras.wrap(%s): the first two steps run ome's default plan (%s, %s by static "
-            "estimates%s) and are measured; the budget of %s is planned from what they "
-            "measure", name, plan.policy,
-            "?" if predicted is None else sizes.format_bytes(predicted),
-            ", over the budget: they may exceed it" if over else "",
-            sizes.format_bytes(budget))
 
 
 def _apply_gradients(optimizer, grads, weights):
@@ -307,10 +280,7 @@ def _wait_for_own_gradient(update_ops, grads):
 
 def _measures(options, profile):
     """Whether a wrapped step measures itself (``wrap``'s ``profile``)."""
-    if profile is not None:
-        return profile
-    asks = options.get("memory_budget") is not None or options.get("swap") == "auto"
-    return asks and options.get("cost_model") is None
+    return asks_measurement(options) if profile is None else profile
 
 
 def _measured_train_function(model, step):
@@ -333,12 +303,7 @@ def _measured_train_function(model, step):
         return step.plans[-1][0].estimates if step.plans else {}
 
     def replayed(costs):
-        if not step.plans or step.plans[-1][1].view is None:
-            return None
-        plan, info = step.plans[-1]
-        predicted = planner.with_predictions(costs.sized(info.view), plan, costs,
-                                             costs.resident_bytes or 0)
-        return predicted.estimates["device_peak"]
+        return replayed_peak(step.plans[-1], costs) if step.plans else None
 
     def make_train_function(force=False):
         if isinstance(model.train_function, MeasuredSteps) and not force:
@@ -349,7 +314,7 @@ def _measured_train_function(model, step):
             log.warning("ome.keras.wrap: the step cannot measure itself: %s", err)
             make(force=True)
             return model.train_function
-        measured = MeasuredSteps(build, budget=budget, estimates=estimates,
+        measured = MeasuredSteps(build, budget=lambda: budget, estimates=estimates,
                                  updates=lambda: step.updates, replayed=replayed,
                                  name=f"ome.keras.wrap({model.name})")
         model.train_function = measured

@@ -3,9 +3,10 @@ they measured, and the runs after are checked against the memory budget.
 
 The phases of :class:`MeasuredSteps`, one call of the step each:
 
-1. **first**: the step as its builder plans it before any measurement (``ome.keras``:
-   ome's default plan, the budget left out: a budget from static estimates takes a long
-   search and misjudges the step anyway); it traces, plans and runs.
+1. **first**: the step built with ``memory_budget=None``: ome's default plan (a budget
+   planned from static estimates takes a long search and misjudges the step anyway); it
+   traces, plans and runs. A step that turns out to ask for no measurement (its options
+   read when it traced) is done here.
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
    the step is then built again with ``cost_model=`` what it measured. Where the
    profiled step peaked higher than its plan's replay under those costs predicts, the
@@ -26,12 +27,13 @@ import time
 
 from ome import errors
 from ome.core.sizes import format_bytes
+from ome.policies import planner
 from ome.tf.measure import memory_stats, memory_stats_device
 from ome.tf.profile import profile_steps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_CORRECTIONS", "MeasuredSteps"]
+__all__ = ["MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "replayed_peak"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
@@ -39,6 +41,25 @@ MAX_CORRECTIONS = 2
 # same plan's peak varies from step to step (which free chunk a buffer gets, which of two
 # ready kernels runs first).
 MARGIN = 0.02
+
+
+def asks_measurement(options):
+    """Whether options of :func:`ome.gradients` ask for what only a measured step can
+    plan well: a ``memory_budget`` or ``swap="auto"``, without a ``cost_model``."""
+    asks = options.get("memory_budget") is not None or options.get("swap") == "auto"
+    return asks and options.get("cost_model") is None
+
+
+def replayed_peak(record, cost_model):
+    """The device peak (resident bytes included) that the replay of ``record``'s plan
+    (``(Plan, RewriteInfo)`` of ``return_info``) predicts under ``cost_model``; None
+    where the record holds no captured step."""
+    plan, info = record
+    if info.view is None:
+        return None
+    predicted = planner.with_predictions(cost_model.sized(info.view), plan, cost_model,
+                                         cost_model.resident_bytes or 0)
+    return predicted.estimates["device_peak"]
 
 
 class MeasuredSteps:
@@ -50,8 +71,9 @@ class MeasuredSteps:
         ``build(overrides) -> step``: the step, traced again, with ``overrides`` (options
         of :func:`ome.gradients`: ``cost_model``, ``memory_budget``) in place of the
         user's.
-    budget : int or None
-        The user's memory budget in bytes (device peak, what stays allocated included).
+    budget : callable
+        ``budget() -> int or None``: the user's memory budget in bytes (device peak, what
+        stays allocated included), read after the first step (which traces the step).
     estimates : callable
         ``estimates() -> dict``: the last plan's ``Plan.estimates`` (its predicted
         ``device_peak`` and ``added_seconds``).
@@ -62,13 +84,18 @@ class MeasuredSteps:
         ``replayed(cost_model) -> bytes or None``: the last plan's device peak as its
         replay under ``cost_model`` predicts it (resident bytes included).
     name : what the log line calls the step.
+    measures : callable
+        ``measures() -> bool``, read after the first step: whether the step asks for a
+        measurement at all (default: it does).
     """
 
-    def __init__(self, build, *, budget, estimates, updates, replayed, name):
-        self.build, self.budget, self.estimates, self.name = build, budget, estimates, name
-        self.updates, self.replayed = updates, replayed
+    def __init__(self, build, *, budget, estimates, updates, replayed, name,
+                 measures=lambda: True):
+        self.build, self.estimates, self.name = build, estimates, name
+        self.updates, self.replayed, self.measures = updates, replayed, measures
+        self._budget, self.budget = budget, None
         self.device = memory_stats_device(None)
-        self.overrides = {}
+        self.overrides = {"memory_budget": None}
         self.step = build(self.overrides)
         self.phase = "first"
         self.corrections = 0
@@ -85,6 +112,19 @@ class MeasuredSteps:
 
     def _first(self, *args, **kwargs):
         out = self.step(*args, **kwargs)
+        if not self.measures():
+            self.phase = "done"
+            return out
+        self.budget = self._budget()
+        if self.budget is not None:
+            predicted = self.estimates().get("device_peak")
+            over = predicted is not None and predicted > self.budget
+            log.log(logging.WARNING if over else logging.INFO,
+                    "%s: the first two steps run ome's default plan (%s by static estimates%s) "
+                    "and are measured; the budget of %s is planned from what they measure",
+                    self.name, _format(predicted),
+                    ", over the budget: they may exceed it" if over else "",
+                    format_bytes(self.budget))
         self.phase = "profile"
         return out
 
@@ -110,7 +150,16 @@ class MeasuredSteps:
 
     def _checked(self, *args, **kwargs):
         memory_stats(self.device, reset=True)
-        out = self.step(*args, **kwargs)
+        try:
+            out = self.step(*args, **kwargs)  # a step built again traces and plans here
+        except errors.BudgetError as err:
+            target = self.overrides.get("memory_budget")
+            if target is None or target == self.budget:
+                raise
+            raise errors.BudgetError(
+                f"{self.name}: to hold the budget of {format_bytes(self.budget)} by what the "
+                f"steps measured, it was planned for {format_bytes(target)}, and {err}") \
+                from err
         peak = memory_stats(self.device)["peak"]
         estimates = self.estimates()
         predicted = estimates.get("device_peak")

@@ -13,6 +13,9 @@ instead of the operations the tape recorded):
 - ``stop_recording()``, ``jacobian`` and ``batch_jacobian`` raise: use ``tf.stop_gradient``
   in the forward pass, or ``tf.GradientTape`` for Jacobians.
 """
+import contextlib
+import threading
+
 import tensorflow as tf
 
 from ome import errors
@@ -22,6 +25,9 @@ __all__ = ["GradientTape"]
 
 # ome.gradients parameters the tape sets itself (tape.plans records what return_info gives).
 _TAPE_SETS = frozenset({"grad_ys", "unconnected_gradients", "return_info"})
+
+# The ome.function step being traced on this thread: (its overrides, the tapes it records).
+_TRACING = threading.local()
 
 _USED = ("A non-persistent GradientTape can only be used to compute one set of gradients "
          "(or jacobians)")
@@ -40,6 +46,8 @@ class GradientTape(tf.GradientTape):
 
     Attributes
     ----------
+    options : dict
+        The ``**options`` given.
     plans : list of (Plan, RewriteInfo)
         One entry per ``gradient`` call: what ome kept, recomputed and swapped, and what the
         rewrite added.
@@ -72,7 +80,7 @@ class GradientTape(tf.GradientTape):
             raise errors.InvalidArgumentError(
                 "ome.GradientTape records what ome did in tape.plans; do not pass return_info=")
         check_front_door_options(options, front_door="ome.GradientTape", sets=_TAPE_SETS)
-        self._options = options
+        self.options = options
         self.plans = []
 
     def __enter__(self):
@@ -118,10 +126,17 @@ class GradientTape(tf.GradientTape):
         grad_ys = None if output_gradients is None else [
             None if g is None else tf.convert_to_tensor(g)
             for g in tf.nest.flatten(output_gradients)]
+        options = self.options
+        tracing = getattr(_TRACING, "step", None)
+        if tracing is not None:
+            overrides, tapes = tracing
+            tapes.append(self)
+            if options.get("cost_model") is None:  # a cost model of the user's is kept
+                options = {**options, **overrides}
         grads, record = gradients(
             tf.nest.flatten(target), tf.nest.flatten(sources), grad_ys,
             unconnected_gradients=_unconnected_mode(unconnected_gradients), return_info=True,
-            **self._options)
+            **options)
         self.plans.append(record)
         if not self._persistent:
             self._watched_variables = self._tape.watched_variables()
@@ -144,6 +159,19 @@ class GradientTape(tf.GradientTape):
         raise errors.InvalidArgumentError(
             "ome.GradientTape computes gradients only: use tf.GradientTape for "
             "batch_jacobian()")
+
+
+@contextlib.contextmanager
+def tracing_step(overrides, tapes):
+    """While a step of ``ome.function`` runs (and traces): each tape's ``gradient`` takes
+    ``overrides`` over its options (unless it has a ``cost_model`` of its own) and appends
+    the tape to ``tapes``."""
+    previous = getattr(_TRACING, "step", None)
+    _TRACING.step = (overrides, tapes)
+    try:
+        yield
+    finally:
+        _TRACING.step = previous
 
 
 def _unconnected_mode(value):

@@ -23,6 +23,7 @@ LAYERS = {"ome": "base", "ome.errors": "base", "ome.core": "core", "ome.policies
           "ome.tf": "tf", "ome.gradients": "front doors", "ome.tape": "front doors",
           "ome.keras": "front doors", "ome.patch": "front doors", "ome.host": "front doors",
           "ome.timeline": "front doors", "ome.measured_steps": "front doors",
+          "ome.step_function": "front doors",
           "ome.measure": "front doors", "ome.pipeline": "pipeline", "ome.estimate": "estimate"}
 TENSORFLOW = ("tensorflow", "keras")
 

@@ -1,9 +1,12 @@
 """ome.measured_steps.MeasuredSteps: the phases of a step that measures itself, with the
-step, its profile and the device's peaks stood in for, so that each path is taken."""
+step, its profile and the device's peaks stood in for, so that each path is taken; and
+``@ome.function``'s custom loop measured for real (a script in a process of its own: it
+needs eager execution, which this pytest process turned off)."""
 import pytest
 
 from ome import errors, measured_steps
 from ome.core.costs import CostModel
+from tests.subprocesses import run_script
 
 MiB = 2**20
 
@@ -37,7 +40,7 @@ def measured(monkeypatch):
             return lambda: len(built)
 
         step = measured_steps.MeasuredSteps(
-            build, budget=budget, estimates=lambda: {"device_peak": 90 * MiB},
+            build, budget=lambda: budget, estimates=lambda: {"device_peak": 90 * MiB},
             updates=lambda: None, replayed=lambda costs: replayed, name="step")
         return step, built, costs
     return make
@@ -46,7 +49,7 @@ def measured(monkeypatch):
 def test_profiled_then_planned_again_from_the_measured_costs(measured):
     step, built, costs = measured([90 * MiB, 95 * MiB, 96 * MiB], budget=100 * MiB)
     assert [step(), step(), step()] == [1, 1, 2]  # first, profiled, checked
-    assert built == [{}, {"cost_model": costs}]
+    assert built == [{"memory_budget": None}, {"cost_model": costs}]
     assert step.phase == "held" and step() == 2
 
 
@@ -71,7 +74,7 @@ def test_a_later_step_over_the_budget_is_corrected_too(measured):
 def test_a_profiled_step_over_its_replay_lowers_the_budget_planned_by_that_error(measured):
     step, built, costs = measured([97 * MiB], budget=100 * MiB, replayed=90 * MiB)
     step(), step()  # the first step's peak is not read: the profiled one's is
-    assert built == [{}, {"cost_model": costs, "memory_budget": 93 * MiB}]
+    assert built == [{"memory_budget": None}, {"cost_model": costs, "memory_budget": 93 * MiB}]
 
 
 def test_still_over_the_budget_after_its_corrections_raises(measured):
@@ -82,3 +85,11 @@ def test_still_over_the_budget_after_its_corrections_raises(measured):
     with pytest.raises(errors.BudgetError, match="measured 104.0 MiB over the budget"):
         step()
     assert len(built) == 2 + measured_steps.MAX_CORRECTIONS
+
+
+def test_a_custom_loop_under_ome_function_measures_its_tapes_budget():
+    lines = run_script("function_measured.py")
+    assert [line.split(":")[0] for line in lines] == [
+        "OK measured plan", "OK measured calls within the budget",
+        "OK measured losses follow the plain loop",
+        "OK a step asking for no budget is traced once, measured never"], lines

@@ -1,0 +1,128 @@
+"""``ome.function``: ``tf.function`` for a training step whose budget ome measures itself.
+
+A custom training loop with ``ome.GradientTape(memory_budget=...)`` inside a plain
+``tf.function`` plans from static estimates, which know no kernel scratch nor allocator
+chunks. Decorated with ``@ome.function`` instead, the same step measures itself as a
+Keras step under ``ome.keras.wrap`` does (``ome.measured_steps``): the first call runs ome's
+default plan, the second is profiled, the step is traced again with the measured cost
+model, and every later call's device peak is checked against the budget.
+"""
+import functools
+import logging
+
+import tensorflow as tf
+
+from ome import errors
+from ome.core import sizes
+from ome.measured_steps import MeasuredSteps, asks_measurement, replayed_peak
+from ome.tape import tracing_step
+from ome.tf.measure import memory_stats, memory_stats_device
+
+log = logging.getLogger(__name__)
+
+__all__ = ["function"]
+
+
+def function(func=None, **tf_function_options):
+    """``tf.function`` whose ``ome.GradientTape`` budgets are planned from measurements.
+
+    Where a tape inside the step asks for ``memory_budget=`` (or ``swap="auto"``) with no
+    ``cost_model=``, the step measures itself: call 1 runs ome's default plan, call 2 runs
+    under TensorFlow's profiler (:func:`ome.profile_steps`), and the step is traced again
+    with what it measured; from call 3 on, each call's device peak is read (the device's
+    peak statistics are reset before it) and a call over the budget has the step planned
+    for less, a bounded number of times, then ``ome.errors.BudgetError``. Every call is a
+    real step. A step whose tapes ask for none of this runs as under ``tf.function``.
+
+    Parameters
+    ----------
+    func : the step's Python function (or use ``@ome.function(...)`` with options).
+    **tf_function_options
+        Passed to ``tf.function`` (``input_signature``, ``reduce_retracing``, ...);
+        ``jit_compile=True`` is refused: XLA would fuse the step again and undo ome's plan.
+
+    Returns
+    -------
+    A callable step; ``step.plans`` lists each trace's ``(Plan, RewriteInfo)``, and
+    ``step.cost_model`` is the measured :class:`ome.CostModel` (None before call 2).
+
+    Examples
+    --------
+    >>> @ome.function  # doctest: +SKIP
+    ... def train_step(x):
+    ...     with ome.GradientTape(memory_budget="300MiB") as tape:
+    ...         loss = tf.reduce_sum(model(x))
+    ...     grads = tape.gradient(loss, model.trainable_variables)
+    ...     optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    ...     return loss
+    """
+    if func is None:
+        return functools.partial(function, **tf_function_options)
+    if not callable(func):
+        raise errors.InvalidTypeError(
+            f"ome.function needs the step's Python function, got {type(func).__name__}")
+    if tf_function_options.get("jit_compile") is True:
+        raise errors.InvalidArgumentError(
+            "ome.function: jit_compile=True hands the step to XLA, which fuses it again and "
+            "undoes ome's recomputation: leave it out")
+    return _MeasuredFunction(func, tf_function_options)
+
+
+class _MeasuredFunction:
+    """The step of :func:`function`: a :class:`MeasuredSteps` over fresh traces."""
+
+    def __init__(self, func, tf_function_options):
+        self.python_function = func
+        self.tf_function_options = tf_function_options
+        self.tapes = []  # every ome.GradientTape of every trace, in order
+        self.steps = None  # made on the first call
+        functools.update_wrapper(self, func)
+
+    @property
+    def plans(self):
+        return [record for tape in self.tapes for record in tape.plans]
+
+    @property
+    def cost_model(self):
+        return None if self.steps is None else self.steps.overrides.get("cost_model")
+
+    def __call__(self, *args, **kwargs):
+        if self.steps is None:
+            self.steps = self._measured_steps()
+        return self.steps(*args, **kwargs)
+
+    def _measured_steps(self):
+        name = f"ome.function({getattr(self.python_function, '__name__', 'step')})"
+        try:
+            memory_stats(memory_stats_device(None))
+        except errors.DeviceError as err:
+            log.warning("%s: the step cannot measure itself: %s", name, err)
+            return self._build({})
+        return MeasuredSteps(self._build, budget=self._budget, estimates=self._estimates,
+                             updates=lambda: None, replayed=self._replayed, name=name,
+                             measures=self._measures)
+
+    def _build(self, overrides):
+        traced = tf.function(self.python_function, **self.tf_function_options)
+
+        def step(*args, **kwargs):
+            with tracing_step(overrides, self.tapes):
+                return traced(*args, **kwargs)
+
+        return step
+
+    def _measures(self):
+        return any(asks_measurement(tape.options) for tape in self.tapes)
+
+    def _budget(self):
+        budgets = [sizes.parse_bytes(tape.options["memory_budget"], what="memory budget")
+                   for tape in self.tapes if tape.options.get("memory_budget") is not None]
+        return min(budgets, default=None)
+
+    def _estimates(self):
+        plans = self.plans
+        return plans[-1][0].estimates if plans else {}
+
+    def _replayed(self, costs):
+        plans = self.plans
+        return replayed_peak(plans[-1], costs) if plans else None

@@ -1,0 +1,93 @@
+"""@ome.function: a custom training loop whose ome.GradientTape budget is measured.
+
+A 24-layer tanh MLP (batch 1024, width 512, momentum SGD) is trained by a custom loop,
+once with tf.GradientTape under tf.function and once with ome.GradientTape(memory_budget=)
+under @ome.function, the budget 20 MiB under the plain step's peak. The ome step must
+profile its second call and plan again from what it measured (the last plan recomputes,
+from a profiler's cost model), every call after its last correction must peak within the
+budget, and the losses must follow the plain loop's. A step under @ome.function whose tape
+asks for no budget is traced once and measured never.
+Prints ``OK`` lines; a failed check raises.
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ome  # noqa: E402
+
+STEPS = 7
+x = tf.constant(np.random.RandomState(0).randn(1024, 512).astype("float32"))
+
+
+def loop(decorate, tape):
+    """A training step of its own weights, decorated by ``decorate``; ``tape()`` opens the
+    tape."""
+    init = np.random.RandomState(1)
+    weights = [tf.Variable(init.randn(512, 512).astype("float32") * 0.05) for _ in range(24)]
+    optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+    optimizer.build(weights)
+
+    @decorate
+    def step(inputs):
+        with tape() as recorded:
+            h = inputs
+            for w in weights:
+                h = tf.tanh(tf.matmul(h, w))
+            loss = tf.reduce_mean(tf.square(h))
+        grads = recorded.gradient(loss, weights)
+        optimizer.apply_gradients(zip(grads, weights))
+        return loss
+    return step
+
+
+def train(step):
+    losses, peaks = [], []
+    for _ in range(STEPS):
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        losses.append(float(step(x)))
+        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+    return losses, peaks
+
+
+def allocated():
+    return tf.config.experimental.get_memory_info("CPU:0")["current"]
+
+
+before = allocated()
+plain_losses, plain_peaks = train(loop(tf.function, tf.GradientTape))
+# A budget is the device's: the plain loop's weights, still allocated, count in it too.
+budget = int(allocated() - before + max(plain_peaks[1:]) - 20 * 2**20)
+step = loop(ome.function, lambda: ome.GradientTape(memory_budget=budget))
+corrections = []
+losses, peaks = [], []
+for _ in range(STEPS):
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    losses.append(float(step(x)))
+    peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+    corrections.append(step.steps.corrections)
+plan, info = step.plans[-1]
+assert step.cost_model is not None and "profiler" in step.cost_model.source, step.cost_model
+assert plan.recomputed and info.copied_ops, \
+    f"the measured plan recomputes nothing: peaks {peaks}, budget {budget}, plain {plain_peaks}"
+print(f"OK measured plan: {len(plan.recomputed)} tensors recomputed, predicted "
+      f"{plan.estimates['device_peak'] / 2**20:.1f} MiB")
+# Call 3 is the first checked; a correction's call is over the budget, the calls after the
+# last one stay within it.
+settled = max([2] + [i + 1 for i in range(1, STEPS) if corrections[i] > corrections[i - 1]])
+held = peaks[settled:]
+assert len(held) >= 2 and max(held) <= budget, \
+    f"calls over the budget of {budget}: {peaks}, corrections {corrections}"
+print(f"OK measured calls within the budget: {max(held) / 2**20:.1f} of "
+      f"{budget / 2**20:.1f} MiB after {corrections[-1]} corrections")
+np.testing.assert_allclose(losses, plain_losses, rtol=1e-4)
+print("OK measured losses follow the plain loop")
+
+unbudgeted = loop(ome.function, ome.GradientTape)
+unbudgeted_losses, _ = train(unbudgeted)
+assert unbudgeted.steps.phase == "done" and unbudgeted.cost_model is None
+assert len(unbudgeted.plans) == 1 and unbudgeted.plans[0][0].recomputed
+np.testing.assert_allclose(unbudgeted_losses, plain_losses, rtol=1e-4)
+print("OK a step asking for no budget is traced once, measured never")
