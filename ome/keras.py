@@ -143,7 +143,8 @@ def measured_cost_model(model):
     ``profile``), or None before it has: save it (``to_json``) and pass it back as
     ``wrap(model, cost_model=...)`` to plan from it without profiling again."""
     plans(model)  # refuses a model that is not wrapped
-    return vars(model)["train_step"].overrides.get("cost_model")
+    steps = model.train_function
+    return steps.cost_model if isinstance(steps, MeasuredSteps) else None
 
 
 class _TrainStep:

@@ -14,7 +14,9 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
 3. **check**: the device's peak of the rebuilt step is read from the allocator. Over the
    budget, the budget the plan is made for is lowered by the excess and a margin, and the
    step built again and checked, at most :data:`MAX_CORRECTIONS` times in all; then
-   :class:`ome.errors.BudgetError`. With no budget, measuring ends here.
+   :class:`ome.errors.BudgetError`. With no budget, measuring ends here. Where the plans
+   for the budget are refused while the profiled default plan peaked within it, the step
+   runs the default plan, checked as the others (a budget it meets is never refused).
 4. **held**: within the budget, every later step's peak is read too (a peak can creep up
    over the first steps, as the allocator's free chunks split), and one over it is
    corrected as in 3. Reading the peak resets the device's peak statistics each step.
@@ -106,6 +108,9 @@ class MeasuredSteps:
         self.phase = "first"
         self.corrections = 0
         self.profile_seconds = 0.0
+        self.cost_model = None  # what the profiled step measured
+        self.profiled_peak = None  # the device's peak in the profiled step (default plan)
+        self.fell_back = False  # to the default plan: the budget's plans were refused
 
     def __call__(self, *args, **kwargs):
         if self.phase == "done":
@@ -140,8 +145,9 @@ class MeasuredSteps:
         memory_stats(self.device, reset=True)
         costs = profile_steps(lambda: out.append(self.step(*args, **kwargs)),
                               device=self.device, updates=self.updates())
-        peak = memory_stats(self.device)["peak"]
+        peak = self.profiled_peak = memory_stats(self.device)["peak"]
         self.profile_seconds = time.perf_counter() - start
+        self.cost_model = costs
         self.overrides = {"cost_model": costs}
         if self.budget is not None:
             replayed = self.replayed(costs)
@@ -159,8 +165,16 @@ class MeasuredSteps:
         memory_stats(self.device, reset=True)
         try:
             out = self.step(*args, **kwargs)  # a step built again traces and plans here
-        except errors.BudgetError as err:
+        except errors.BudgetError as err:  # raised while tracing: no op ran, no update
             target = self.overrides.get("memory_budget")
+            if self.profiled_peak is not None and self.profiled_peak <= self.budget:
+                # the default plan met the budget when profiled: a budget it meets is
+                # never refused
+                log.warning("%s: %s; the step runs ome's default plan again, which peaked at "
+                            "%s when profiled", self.name, err, format_bytes(self.profiled_peak))
+                self.overrides, self.fell_back = {"memory_budget": None}, True
+                self.step = self.build(self.overrides)
+                return self._checked(*args, **kwargs)
             if target is None or target == self.budget:
                 raise
             raise errors.BudgetError(
@@ -181,6 +195,12 @@ class MeasuredSteps:
                      estimates.get("added_seconds", 0.0))
             self.phase = "done" if self.budget is None else "held"
             return out
+        if self.fell_back:
+            raise errors.BudgetError(
+                f"{self.name}: the step measured {format_bytes(peak)} over the budget of "
+                f"{format_bytes(self.budget)} with ome's default plan, which it runs as every "
+                "plan for the budget was refused; give a larger budget, or a host device to "
+                "swap to")
         if self.corrections == MAX_CORRECTIONS:
             raise errors.BudgetError(
                 f"{self.name}: the step measured {format_bytes(peak)} over the budget of "

@@ -84,7 +84,7 @@ class _MeasuredFunction:
 
     @property
     def cost_model(self):
-        return None if self.steps is None else self.steps.overrides.get("cost_model")
+        return getattr(self.steps, "cost_model", None)
 
     def __call__(self, *args, **kwargs):
         if self.steps is None:

@@ -29,7 +29,7 @@ class _Device:
 
 @pytest.fixture
 def measured(monkeypatch):
-    def make(peaks, budget, *, replayed=None):
+    def make(peaks, budget, *, replayed=None, refused=False):
         device = _Device(peaks)
         costs = CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in")
         monkeypatch.setattr(measured_steps, "memory_stats", device)
@@ -39,7 +39,13 @@ def measured(monkeypatch):
 
         def build(overrides):
             built.append(dict(overrides))
-            return lambda: len(built)
+            planned = len(built)
+
+            def step():
+                if refused and overrides.get("memory_budget") is not None:
+                    raise errors.BudgetError("cannot fit")
+                return planned
+            return step
 
         step = measured_steps.MeasuredSteps(
             build, budget=lambda: budget, estimates=lambda: {"device_peak": 90 * MiB},
@@ -80,6 +86,23 @@ def test_a_profiled_step_over_its_replay_lowers_the_budget_planned_by_that_error
     step(), step()  # the first step's peak is not read: the profiled one's is
     assert built == [{"memory_budget": None},
                      {"cost_model": costs, "memory_budget": 93 * MiB - CREEP}]
+
+
+def test_a_refused_budget_the_profiled_default_plan_met_runs_that_plan(measured):
+    # peaks: profiled, the refused call's (it runs no op), and two calls of the default plan
+    step, built, _ = measured([80 * MiB, 0, 85 * MiB, 86 * MiB], budget=100 * MiB,
+                              refused=True)
+    assert [step(), step(), step(), step()] == [1, 1, 3, 3]
+    assert built[-1] == {"memory_budget": None} and step.fell_back
+    assert step.phase == "held" and step.cost_model is not None
+
+
+def test_a_refused_budget_the_default_plan_exceeded_raises_naming_both(measured):
+    step, _, _ = measured([104 * MiB], budget=100 * MiB, refused=True)
+    step(), step()
+    with pytest.raises(errors.BudgetError, match="budget of 100.0 MiB .* planned for .*cannot "
+                                                 "fit"):
+        step()
 
 
 def test_still_over_the_budget_after_its_corrections_raises(measured):
