@@ -3,9 +3,10 @@ they measured, and the runs after are checked against the memory budget.
 
 The phases of :class:`MeasuredSteps`, one call of the step each:
 
-1. **first**: the step built with ``memory_budget=None``: ome's default plan (a budget
-   planned from static estimates takes a long search and misjudges the step anyway); it
-   traces, plans and runs. A step that turns out to ask for no measurement (its options
+1. **first**: the step built with :data:`DEFAULT_PLAN`: ome's default plan, no budget
+   and no swaps (a budget planned from static estimates takes a long search and
+   misjudges the step anyway, and static estimates swap nothing); it traces, plans and
+   runs. A step that turns out to ask for no measurement (its options
    read when it traced) is done here.
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
    the step is then built again with ``cost_model=`` what it measured, for the budget
@@ -39,6 +40,9 @@ __all__ = ["MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "replayed_pea
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
+#: The options a step runs with until it has measured: ome's default plan, no budget and
+#: no swaps (both are planned from the measurement).
+DEFAULT_PLAN = {"memory_budget": None, "swap": False}
 # Share of the budget a correction leaves free beyond what the step exceeded it by: the
 # same plan's peak varies from step to step (which free chunk a buffer gets, which of two
 # ready kernels runs first).
@@ -103,7 +107,7 @@ class MeasuredSteps:
         self.updates, self.replayed, self.measures = updates, replayed, measures
         self._budget, self.budget = budget, None
         self.device = memory_stats_device(None)
-        self.overrides = {"memory_budget": None}
+        self.overrides = dict(DEFAULT_PLAN)
         self.step = build(self.overrides)
         self.phase = "first"
         self.corrections = 0
@@ -172,7 +176,7 @@ class MeasuredSteps:
                 # never refused
                 log.warning("%s: %s; the step runs ome's default plan again, which peaked at "
                             "%s when profiled", self.name, err, format_bytes(self.profiled_peak))
-                self.overrides, self.fell_back = {"memory_budget": None}, True
+                self.overrides, self.fell_back = dict(DEFAULT_PLAN), True
                 self.step = self.build(self.overrides)
                 return self._checked(*args, **kwargs)
             if target is None or target == self.budget:

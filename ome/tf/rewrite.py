@@ -131,18 +131,40 @@ def apply(plan, view, graph, *, emulated=False, scope="ome"):
     before = len(graph.get_operations())
     info = RewriteInfo(groups=len(sched.groups), copied_ops=len(sched.copied_ops))
     swapped_out, swapped_in = {}, {}
+    swaps = {s.tensor: s for s in sched.swaps}
+
+    def make_swap_out(tensor):
+        with tf.name_scope("swap"):
+            out = swap_out(graph.get_tensor_by_name(tensor), plan.host_device,
+                           emulated=emulated)
+        swapped_out[tensor] = out
+        info.swapped.append(tensor)
+        info.event_ops[out.op.name] = ("swap_out", tensor)
+
+    def make_swap_in(tensor):
+        if tensor not in swapped_out:
+            make_swap_out(tensor)
+        device = graph.get_tensor_by_name(tensor).op.device or host.accelerator_device()
+        with tf.name_scope("swap"):
+            swapped_in[tensor] = swap_in(swapped_out[tensor], device,
+                                         [ops[t] for t in swaps[tensor].triggers],
+                                         emulated=emulated)
+        info.event_ops[swapped_in[tensor].op.name] = ("swap_in", tensor)
+
+    # Swaps made in the order they run (the replay's): inside tf.function, TensorFlow chains
+    # the stateful ops that touch no resource (the emulated host's copies) in the order
+    # they were made, so another order can close a cycle with the backward pass.
+    replayed = schedule_mod.events(view, sched, schedule_mod.event_reads(view, sched,
+                                                                         decisions))
     with graph.as_default(), graph.name_scope(scope + "/"):
-        for s in sched.swaps:
-            original = graph.get_tensor_by_name(s.tensor)
-            with tf.name_scope("swap"):
-                out = swap_out(original, plan.host_device, emulated=emulated)
-                swapped_out[s.tensor] = out.op
-                device = original.op.device or host.accelerator_device()
-                swapped_in[s.tensor] = swap_in(out, device, [ops[t] for t in s.triggers],
-                                                emulated=emulated)
-            info.swapped.append(s.tensor)
-            info.event_ops[out.op.name] = ("swap_out", s.tensor)
-            info.event_ops[swapped_in[s.tensor].op.name] = ("swap_in", s.tensor)
+        for kind, tensor in replayed:
+            if kind == "swap_out" and tensor not in swapped_out:
+                make_swap_out(tensor)
+            elif kind == "swap_in":
+                make_swap_in(tensor)
+        for tensor in swaps:  # a swap the replay does not run (its producer is not fetched)
+            if tensor not in swapped_in:
+                make_swap_in(tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
         copies = _copy_groups(graph, view, sched, ops, decisions, swapped_in)
         info.event_ops.update({copies[t].op.name: ("copy", op) for op in sched.copied_ops
@@ -161,7 +183,7 @@ def apply(plan, view, graph, *, emulated=False, scope="ome"):
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("wait"):
         for s in sched.swaps:
             if s.fence:
-                _wait_for(ops[s.fence], [swapped_out[s.tensor]])
+                _wait_for(ops[s.fence], [swapped_out[s.tensor].op])
         for reader, triggers in sched.deferred:
             _wait_for(ops[reader], [ops[t] for t in triggers])
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("order"):

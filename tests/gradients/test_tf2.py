@@ -21,3 +21,9 @@ def test_inside_tf_function_equal_smaller_and_within_a_budget_profiled_or_not():
     # ome.profile_steps' cost model, planned from: still within the budget
     budget, peak = map(float, re.search(r"PROFILED BUDGET (\S+) PEAK (\S+)", out).groups())
     assert peak <= budget
+
+
+def test_swaps_inside_tf_function_equal_tf_gradients_and_keras_swap_auto_measures_itself():
+    lines = subprocesses.run_script("tf2_swap.py")
+    assert [line.split(":")[0] for line in lines] == [
+        "OK swaps in tf.function", "OK keras swap='auto' measured itself"], lines

@@ -10,6 +10,7 @@ from tests.subprocesses import run_script
 
 MiB = 2**20
 # What a 100 MiB budget leaves for the creep of the profiled plan's peak, and a correction
+DEFAULT = {"memory_budget": None, "swap": False}  # the options until a step has measured
 CREEP, MARGIN = int(measured_steps.CREEP * 100 * MiB), int(measured_steps.MARGIN * 100 * MiB)
 
 
@@ -58,7 +59,7 @@ def test_profiled_then_planned_again_from_the_measured_costs(measured):
     step, built, costs = measured([90 * MiB, 95 * MiB, 96 * MiB], budget=100 * MiB)
     assert [step(), step(), step()] == [1, 1, 2]  # first, profiled, checked
     # planned for the budget less its creep margin: the replay erred by nothing
-    assert built == [{"memory_budget": None},
+    assert built == [DEFAULT,
                      {"cost_model": costs, "memory_budget": 100 * MiB - CREEP}]
     assert step.phase == "held" and step() == 2
 
@@ -84,7 +85,7 @@ def test_a_later_step_over_the_budget_is_corrected_too(measured):
 def test_a_profiled_step_over_its_replay_lowers_the_budget_planned_by_that_error(measured):
     step, built, costs = measured([97 * MiB], budget=100 * MiB, replayed=90 * MiB)
     step(), step()  # the first step's peak is not read: the profiled one's is
-    assert built == [{"memory_budget": None},
+    assert built == [DEFAULT,
                      {"cost_model": costs, "memory_budget": 93 * MiB - CREEP}]
 
 
@@ -93,7 +94,7 @@ def test_a_refused_budget_the_profiled_default_plan_met_runs_that_plan(measured)
     step, built, _ = measured([80 * MiB, 0, 85 * MiB, 86 * MiB], budget=100 * MiB,
                               refused=True)
     assert [step(), step(), step(), step()] == [1, 1, 3, 3]
-    assert built[-1] == {"memory_budget": None} and step.fell_back
+    assert built[-1] == DEFAULT and step.fell_back
     assert step.phase == "held" and step.cost_model is not None
 
 
