@@ -18,7 +18,7 @@ import tensorflow as tf  # noqa: E402
 
 import ome  # noqa: E402
 
-STEPS = 7
+STEPS = 10
 x = tf.constant(np.random.RandomState(0).randn(1024, 512).astype("float32"))
 
 
