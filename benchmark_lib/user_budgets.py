@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")  # memory statistics on a
 
 from benchmark_lib.environment import command_line, machine_info, now, source_commit  # noqa: E402
 
-__all__ = ["main"]
+__all__ = ["SHAPE", "main", "resnet50", "batch"]
 
 SHAPE = {"image": 112, "batch": 16, "classes": 10}
 _MiB = 2**20
@@ -89,12 +89,9 @@ def _run(spec):
     return {"error": last[0][:300]}
 
 
-def _child(spec):
-    import numpy as np  # pylint: disable=import-outside-toplevel
+def resnet50():
+    """The compiled model of :data:`SHAPE`, from seed 0 (imports Keras)."""
     import keras  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    import ome  # pylint: disable=import-outside-toplevel
 
     keras.utils.set_random_seed(0)
     size = SHAPE["image"]
@@ -102,9 +99,26 @@ def _child(spec):
                                         classes=SHAPE["classes"], classifier_activation=None)
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def batch():
+    """The one fixed batch ``(images, labels)`` of :data:`SHAPE`, as numpy arrays."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
     rng = np.random.default_rng(0)
+    size = SHAPE["image"]
     x = rng.standard_normal((SHAPE["batch"], size, size, 3)).astype("float32")
     y = rng.integers(0, SHAPE["classes"], (SHAPE["batch"],)).astype("int32")
+    return x, y
+
+
+def _child(spec):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import ome  # pylint: disable=import-outside-toplevel
+
+    model, (x, y) = resnet50(), batch()
     if spec["wrap"]:
         model = ome.keras.wrap(model, memory_budget=spec["budget"])
     peaks, losses, seconds, corrections = [], [], [], []
