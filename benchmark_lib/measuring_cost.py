@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")  # memory statistics on any CPU
 
+from benchmark_lib import child_runs  # noqa: E402
 from benchmark_lib.environment import command_line, machine_info, now, source_commit  # noqa: E402
 from benchmark_lib.user_budgets import SHAPE, batch, resnet50  # noqa: E402
 
@@ -43,7 +43,7 @@ def main(argv=None):
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(_child(json.loads(args.child))), flush=True)
+        child_runs.report(_child(json.loads(args.child)))
         return 0
     if args.steps <= SETTLING + 1:
         parser.error(f"--steps must be more than {SETTLING + 1}")
@@ -66,13 +66,10 @@ def main(argv=None):
 
 
 def _run(spec):
-    done = subprocess.run([sys.executable, "-m", "benchmark_lib.measuring_cost", "--child",
-                           json.dumps(spec)], capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-    raise SystemExit(f"the fit failed: {last[0][:300]}")
+    result = child_runs.run("benchmark_lib.measuring_cost", spec)
+    if "error" in result:
+        raise SystemExit(f"the fit failed: {result['error']}")
+    return result
 
 
 def _child(spec):

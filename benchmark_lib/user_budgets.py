@@ -24,13 +24,13 @@ Writes ``budgets.md`` (opening with its command, commit, date and machine) and
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")  # memory statistics on any CPU
 
+from benchmark_lib import child_runs  # noqa: E402
 from benchmark_lib.environment import command_line, machine_info, now, source_commit  # noqa: E402
 
 __all__ = ["SHAPE", "main", "resnet50", "batch"]
@@ -50,7 +50,7 @@ def main(argv=None):
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(_child(json.loads(args.child))), flush=True)
+        child_runs.report(_child(json.loads(args.child)))
         return 0
     if args.steps < 4:
         parser.error("--steps must be at least 4: three to measure, one to hold")
@@ -79,14 +79,9 @@ def main(argv=None):
 
 def _run(spec):
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "benchmark_lib.user_budgets", "--child",
-                           json.dumps(spec)], capture_output=True, text=True)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[len("RESULT "):]),
-                        wall_seconds=time.perf_counter() - start)
-    last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-    return {"error": last[0][:300]}
+    result = child_runs.run("benchmark_lib.user_budgets", spec)
+    return result if "error" in result else \
+        dict(result, wall_seconds=time.perf_counter() - start)
 
 
 def resnet50():

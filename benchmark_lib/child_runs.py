@@ -1,0 +1,26 @@
+"""Measurements each in a fresh process: the parent runs ``python -m <module> --child
+SPEC`` (SPEC a JSON object) and reads the one ``RESULT`` line the child prints."""
+import json
+import subprocess
+import sys
+
+__all__ = ["report", "run"]
+
+_PREFIX = "RESULT "
+
+
+def report(result):
+    """Print ``result`` (JSON-able) as the child's ``RESULT`` line."""
+    print(_PREFIX + json.dumps(result), flush=True)
+
+
+def run(module, spec):
+    """``python -m module --child json(spec)``'s result, or ``{"error": its last line of
+    stderr}`` when it printed none."""
+    done = subprocess.run([sys.executable, "-m", module, "--child", json.dumps(spec)],
+                          capture_output=True, text=True, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith(_PREFIX):
+            return json.loads(line[len(_PREFIX):])
+    last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+    return {"error": last[0][:300]}
