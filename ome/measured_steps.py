@@ -158,7 +158,7 @@ class MeasuredSteps:
             error = 0 if replayed is None else max(0, peak - replayed)
             self.overrides["memory_budget"] = self.budget - error - int(CREEP * self.budget)
             log.info("%s: the profiled step peaked at %s, %s over its replay's %s: the budget "
-                     "is planned for %s (%.0f%% of it left for the peak's creep)", self.name,
+                     "is planned for %s (%.0f%% of it left for the spread of its peak)", self.name,
                      format_bytes(peak), format_bytes(error), _format(replayed),
                      format_bytes(self.overrides["memory_budget"]), 100 * CREEP)
         self.step = self.build(self.overrides)
