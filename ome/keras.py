@@ -24,7 +24,7 @@ import tensorflow as tf
 from ome import errors
 from ome.core import sizes
 from ome.gradients import check_front_door_options
-from ome.measured_steps import MeasuredSteps, asks_measurement, replayed_peak
+from ome.measured_steps import MeasuredSteps, asks_measurement
 from ome.tape import GradientTape
 from ome.tf import measure, tfprivate
 
@@ -300,12 +300,6 @@ def _measured_train_function(model, step):
             model.train_function = measured
         return traced
 
-    def estimates():
-        return step.plans[-1][0].estimates if step.plans else {}
-
-    def replayed(costs):
-        return replayed_peak(step.plans[-1], costs) if step.plans else None
-
     def make_train_function(force=False):
         if isinstance(model.train_function, MeasuredSteps) and not force:
             return model.train_function
@@ -315,8 +309,8 @@ def _measured_train_function(model, step):
             log.warning("ome.keras.wrap: the step cannot measure itself: %s", err)
             make(force=True)
             return model.train_function
-        measured = MeasuredSteps(build, budget=lambda: budget, estimates=estimates,
-                                 updates=lambda: step.updates, replayed=replayed,
+        measured = MeasuredSteps(build, budget=lambda: budget, plans=lambda: step.plans,
+                                 updates=lambda: step.updates,
                                  name=f"ome.keras.wrap({model.name})")
         model.train_function = measured
         return measured

@@ -86,25 +86,22 @@ class MeasuredSteps:
     budget : callable
         ``budget() -> int or None``: the user's memory budget in bytes (device peak, what
         stays allocated included), read after the first step (which traces the step).
-    estimates : callable
-        ``estimates() -> dict``: the last plan's ``Plan.estimates`` (its predicted
-        ``device_peak`` and ``added_seconds``).
+    plans : callable
+        ``plans() -> list of (Plan, RewriteInfo)``: the step's traces so far, oldest
+        first; the last is the plan the step runs (its predictions, and its replay under
+        a measured cost model, :func:`replayed_peak`).
     updates : callable
         ``updates() -> dict or None``: the traced step's gradient updates, as
         :func:`ome.profile_steps` takes them.
-    replayed : callable
-        ``replayed(cost_model) -> bytes or None``: the last plan's device peak as its
-        replay under ``cost_model`` predicts it (resident bytes included).
     name : what the log line calls the step.
     measures : callable
         ``measures() -> bool``, read after the first step: whether the step asks for a
         measurement at all (default: it does).
     """
 
-    def __init__(self, build, *, budget, estimates, updates, replayed, name,
-                 measures=lambda: True):
-        self.build, self.estimates, self.name = build, estimates, name
-        self.updates, self.replayed, self.measures = updates, replayed, measures
+    def __init__(self, build, *, budget, plans, updates, name, measures=lambda: True):
+        self.build, self.plans, self.name = build, plans, name
+        self.updates, self.measures = updates, measures
         self._budget, self.budget = budget, None
         self.device = memory_stats_device(None)
         self.overrides = dict(DEFAULT_PLAN)
@@ -115,6 +112,12 @@ class MeasuredSteps:
         self.cost_model = None  # what the profiled step measured
         self.profiled_peak = None  # the device's peak in the profiled step (default plan)
         self.fell_back = False  # to the default plan: the budget's plans were refused
+
+    def estimates(self):
+        """The last plan's ``Plan.estimates`` (its predicted ``device_peak`` and
+        ``added_seconds``), or {} before the step traced."""
+        plans = self.plans()
+        return plans[-1][0].estimates if plans else {}
 
     def __call__(self, *args, **kwargs):
         if self.phase == "done":
@@ -154,7 +157,8 @@ class MeasuredSteps:
         self.cost_model = costs
         self.overrides = {"cost_model": costs}
         if self.budget is not None:
-            replayed = self.replayed(costs)
+            plans = self.plans()
+            replayed = replayed_peak(plans[-1], costs) if plans else None
             error = 0 if replayed is None else max(0, peak - replayed)
             self.overrides["memory_budget"] = self.budget - error - int(CREEP * self.budget)
             log.info("%s: the profiled step peaked at %s, %s over its replay's %s: the budget "

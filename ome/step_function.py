@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from ome import errors
 from ome.core import sizes
-from ome.measured_steps import MeasuredSteps, asks_measurement, replayed_peak
+from ome.measured_steps import MeasuredSteps, asks_measurement
 from ome.tape import tracing_step
 from ome.tf.measure import memory_stats, memory_stats_device
 
@@ -98,9 +98,8 @@ class _MeasuredFunction:
         except errors.DeviceError as err:
             log.warning("%s: the step cannot measure itself: %s", name, err)
             return self._build({})
-        return MeasuredSteps(self._build, budget=self._budget, estimates=self._estimates,
-                             updates=lambda: None, replayed=self._replayed, name=name,
-                             measures=self._measures)
+        return MeasuredSteps(self._build, budget=self._budget, plans=lambda: self.plans,
+                             updates=lambda: None, name=name, measures=self._measures)
 
     def _build(self, overrides):
         traced = tf.function(self.python_function, **self.tf_function_options)
@@ -118,11 +117,3 @@ class _MeasuredFunction:
         budgets = [sizes.parse_bytes(tape.options["memory_budget"], what="memory budget")
                    for tape in self.tapes if tape.options.get("memory_budget") is not None]
         return min(budgets, default=None)
-
-    def _estimates(self):
-        plans = self.plans
-        return plans[-1][0].estimates if plans else {}
-
-    def _replayed(self, costs):
-        plans = self.plans
-        return replayed_peak(plans[-1], costs) if plans else None

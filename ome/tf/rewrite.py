@@ -154,8 +154,8 @@ def apply(plan, view, graph, *, emulated=False, scope="ome"):
     # Swaps made in the order they run (the replay's): inside tf.function, TensorFlow chains
     # the stateful ops that touch no resource (the emulated host's copies) in the order
     # they were made, so another order can close a cycle with the backward pass.
-    replayed = schedule_mod.events(view, sched, schedule_mod.event_reads(view, sched,
-                                                                         decisions))
+    reads = schedule_mod.event_reads(view, sched, decisions)
+    replayed = schedule_mod.events(view, sched, reads)
     with graph.as_default(), graph.name_scope(scope + "/"):
         for kind, tensor in replayed:
             if kind == "swap_out" and tensor not in swapped_out:
@@ -187,21 +187,21 @@ def apply(plan, view, graph, *, emulated=False, scope="ome"):
         for reader, triggers in sched.deferred:
             _wait_for(ops[reader], [ops[t] for t in triggers])
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("order"):
-        info.ordered = _enforce_order(graph, view, plan, copies, swapped_in)
+        info.ordered = _enforce_order(graph, view, plan, reads, copies, swapped_in)
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("unmerged"):
         _keep_apart(graph)
     info.added_ops = len(graph.get_operations()) - before
     return info
 
 
-def _enforce_order(graph, view, plan, copies, swapped_in):
+def _enforce_order(graph, view, plan, reads, copies, swapped_in):
     """Make each event of :func:`ome.core.schedule.enforced_order` wait for the one before it,
     unless it reads it already, and each pair of ``Schedule.side_by_side`` both wait for
     the event before the pair and the next event for both; returns how many were made to
     wait. An op waits through an identity of its first input that can wait
-    (:func:`_gated`), a swap-in (ome's own op) through a control input."""
+    (:func:`_gated`), a swap-in (ome's own op) through a control input. ``reads``: the
+    schedule's :func:`ome.core.schedule.event_reads`."""
     sched = plan.schedule
-    reads = schedule_mod.event_reads(view, sched, plan.decisions())
 
     def real(kind, name):
         if kind == "op":

@@ -2,6 +2,8 @@
 step, its profile and the device's peaks stood in for, so that each path is taken; and
 ``@ome.function``'s custom loop measured for real (a script in a process of its own: it
 needs eager execution, which this pytest process turned off)."""
+import types
+
 import pytest
 
 from ome import errors, measured_steps
@@ -36,6 +38,9 @@ def measured(monkeypatch):
         monkeypatch.setattr(measured_steps, "memory_stats", device)
         monkeypatch.setattr(measured_steps, "profile_steps",
                             lambda run, **kwargs: (run(), costs)[1])
+        monkeypatch.setattr(measured_steps, "replayed_peak",
+                            lambda record, cost_model: replayed)
+        plan = types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
         built = []
 
         def build(overrides):
@@ -49,8 +54,8 @@ def measured(monkeypatch):
             return step
 
         step = measured_steps.MeasuredSteps(
-            build, budget=lambda: budget, estimates=lambda: {"device_peak": 90 * MiB},
-            updates=lambda: None, replayed=lambda costs: replayed, name="step")
+            build, budget=lambda: budget, plans=lambda: [(plan, None)],
+            updates=lambda: None, name="step")
         return step, built, costs
     return make
 
