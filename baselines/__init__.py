@@ -34,14 +34,15 @@ from ome import errors
 
 from baselines.checkpointing import (ome_budget, ome_budget_recompute, ome_default,
                                      ome_optimal, ome_optimal_swap, ome_speed, ome_swap,
-                                     openai, openai_collection, openai_memory, openai_speed)
+                                     openai, openai_collection, openai_memory, openai_speed,
+                                     plan_facts)
 from baselines.core import Built, Timer, graph_of, tf_gradients
 from baselines.grappler import grappler_heuristics, grappler_recompute, grappler_swap
 from baselines.lms import lms
 from baselines.recompute import recompute_block, tf_recompute_grad
 
 __all__ = ["Built", "STRATEGIES", "ALIASES", "build", "model_options", "options_of",
-           "required_options",
+           "plan_facts", "required_options",
            "recompute_block"]
 
 

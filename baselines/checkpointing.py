@@ -15,11 +15,15 @@ from baselines.core import Built, Timer, graph_of
 OPENAI_MODES = ("memory", "speed", "collection")
 
 
+def plan_facts(plan, info):
+    """The ``Built.info`` facts of an ome plan and its ``RewriteInfo``."""
+    return dict(policy=plan.policy, checkpoints=tuple(plan.checkpoints),
+                swapped=tuple(plan.swapped), groups=info.groups, copied_ops=info.copied_ops,
+                host_device=plan.host_device, estimates=dict(plan.estimates))
+
+
 def _facts(strategy, plan, info, timer):
-    return timer.facts(strategy=strategy, policy=plan.policy, checkpoints=tuple(plan.checkpoints),
-                       swapped=tuple(plan.swapped), groups=info.groups,
-                       copied_ops=info.copied_ops, host_device=plan.host_device,
-                       estimates=dict(plan.estimates))
+    return timer.facts(strategy=strategy, **plan_facts(plan, info))
 
 
 def openai(loss, variables, *, checkpoints="memory", batch_size=None, cost_model=None):

@@ -97,7 +97,8 @@ def _measure(spec, lock):
     import tensorflow as tf
     import baselines
     import models
-    from ome import errors
+    import ome
+    from ome import errors, measured_calls
     from ome.tf import host
     from ome.tf.measure import measure
 
@@ -127,8 +128,14 @@ def _measure(spec, lock):
             config = host.session_config(made["built"].config)
             with lock.exclusive() if spec.timed else contextlib.nullcontext(0.0) as waited:
                 details["measure_wait_s"] = round(waited, 3)
-                with tf.compat.v1.Session(graph=graph, config=config) as session:
+                # a step that asked ome for a measured plan measures itself, as in a user's
+                # script: its first runs, before the measured ones, profile and plan it again
+                measuring = bool(measured_calls.calls(graph))
+                session_type = ome.Session if measuring else tf.compat.v1.Session
+                with session_type(graph=graph, config=config) as session:
                     session.run(step.init_op)
+                    if measuring:
+                        details["measured_steps"] = _settle(session, step, info)
                     m = measure(session, step.train_op, step.feed_dict,
                                 warmup=spec.warmup, steps=spec.steps, trace=True,
                                 allocator_records=spec.profile)
@@ -139,6 +146,8 @@ def _measure(spec, lock):
         logging.getLogger("benchmark").warning("run failed", exc_info=True)
         return Row(**base, status="error", reason=_first_lines(exc)), details
 
+    # predictions from measured costs: a profile handed over, or the step's own
+    measured = costs is not None or "measured_steps" in details
     q1, median, q3 = m.step_time_quartiles
     estimates = info.get("estimates") or {}
     row = Row(**base, status="ok", device_peak_bytes=m.device_peak, host_peak_bytes=m.host_peak,
@@ -150,8 +159,8 @@ def _measure(spec, lock):
               rewrite_time_s=info.get("rewrite_time", made["seconds"]),
               checkpoint_count=_count(info.get("checkpoints")),
               swapped_count=_count(info.get("swapped")),
-              predicted_peak_bytes=_int(estimates.get("device_peak")) if costs else None,
-              predicted_added_s=estimates.get("added_seconds") if costs else None,
+              predicted_peak_bytes=_int(estimates.get("device_peak")) if measured else None,
+              predicted_added_s=estimates.get("added_seconds") if measured else None,
               device_chunk_waste_bytes=m.shared.device_chunk_waste if m.shared else None)
     details["measurement"] = m.to_dict()
     if spec.budget is not None and m.device_peak > spec.budget:
@@ -159,6 +168,24 @@ def _measure(spec, lock):
                                   reason=f"device peak {format_mib(m.device_peak)} MiB exceeds "
                                          f"the budget {format_mib(spec.budget)} MiB")
     return row, details
+
+
+def _settle(session, step, info):
+    """Run ``step`` in the ``ome.Session`` until each measured call has planned again from
+    its profile (or stopped measuring); ``info`` then holds the last plan's facts. Returns
+    the runs it took and the seconds its profile took."""
+    import baselines
+    from ome.measured_steps import MAX_CORRECTIONS
+
+    runs = 0
+    while runs < 3 + MAX_CORRECTIONS and not (session.steps and all(
+            steps.phase in ("held", "done") for steps in session.steps.values())):
+        session.run(step.train_op, step.feed_dict)
+        runs += 1
+    (call, steps), = session.steps.items()
+    info.update(baselines.plan_facts(*session.plans(call)[-1]))
+    return {"runs": runs, "profile_seconds": round(steps.profile_seconds, 3),
+            "corrections": steps.corrections}
 
 
 def _strategy_gradients(strategy, made, **offered):

@@ -6,6 +6,7 @@
     costs = ome.profile_steps(lambda: step(x, y))   # the same, for any step (tf.function)
     with ome.GradientTape() as tape: ...            # inside tf.function
     @ome.function                                   # a tf.function whose tape budget is measured
+    with ome.Session() as sess: ...                 # a TF1 session whose budgets are measured
     model = ome.keras.wrap(model)                   # Keras 3 model.fit (imports keras)
     ome.memory_timeline(record, run_step, "step.png")  # one step's memory, drawn
 
@@ -24,7 +25,7 @@ _EXPORTS = {
     "apply_plan": "gradients", "capture_view": "gradients", "gradients": "gradients",
     "plan": "gradients", "ordered_backprop": "gradients", "patch": "patch",
     "profile": "tf.profile", "profile_order": "tf.profile", "profile_steps": "tf.profile",
-    "GradientTape": "tape", "function": "step_function",
+    "GradientTape": "tape", "function": "step_function", "Session": "session",
     "CostModel": "core.costs", "Decision": "core.plans", "Plan": "core.plans",
     "explain": "core.plans", "memory_timeline": "timeline",
 }

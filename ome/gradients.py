@@ -18,6 +18,7 @@ function of its own, a ``tf.function`` graph whose captured variables lose their
 in a copy) is planned on the graph itself, after ``tf.gradients`` built its ops there.
 """
 import dataclasses
+import functools
 import inspect
 import logging
 import time
@@ -25,7 +26,7 @@ import time
 import tensorflow as tf
 
 from ome.tf import capture as capture_mod
-from ome import errors
+from ome import errors, measured_calls
 from ome.core import plans, sizes
 from ome.policies import planner, search, select, transformer
 from ome.tf import host, measure, rewrite, tfprivate
@@ -225,8 +226,9 @@ class _Options:
         if self.budget is not None and cost_model is None:
             log.warning("memory_budget without cost_model: planned from static estimates "
                         "(what stays allocated, no kernel scratch memory), which the "
-                        "allocator can exceed; measure the step (ome.profile for a "
-                        "session, ome.profile_steps for any step) and pass cost_model=")
+                        "allocator can exceed; a step that measures itself holds it "
+                        "(ome.Session, ome.function, ome.keras.wrap), or pass cost_model= "
+                        "(ome.profile, ome.profile_steps)")
         if isinstance(checkpoints, str) and checkpoints == "optimal" and \
                 cost_model is None and self.budget is None:
             log.warning("checkpoints='optimal' without cost_model: planned from static "
@@ -579,12 +581,23 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     -------
     >>> grads = ome.gradients(loss, tf.compat.v1.trainable_variables())  # doctest: +SKIP
     """
-    start = time.perf_counter()
-    tf_options = _tf_options(gate_gradients, aggregation_method, stop_gradients,
-                             unconnected_gradients, colocate_gradients_with_ops)
+    tf_args = (gate_gradients, aggregation_method, stop_gradients, unconnected_gradients,
+               colocate_gradients_with_ops)
+    options = dict(checkpoints=checkpoints, pin=pin, swap=swap, host_device=host_device,
+                   memory_budget=memory_budget, batch_size=batch_size, swap_ahead=swap_ahead,
+                   cost_model=cost_model, hold_gradients=hold_gradients,
+                   wait_for_leaves=wait_for_leaves)
     ys, xs, grad_ys = _validate_inputs(ys, xs, grad_ys)
-    options = _Options(checkpoints, pin, swap, host_device, memory_budget, batch_size,
-                       swap_ahead, cost_model, hold_gradients, wait_for_leaves)
+    grads, built = measured_calls.record(
+        ys[0].graph, functools.partial(_gradients, ys, xs, grad_ys, name, tf_args), options)
+    return (grads, built) if return_info else grads
+
+
+def _gradients(ys, xs, grad_ys, name, tf_args, options):
+    """The body of :func:`gradients`: ``(grads, (Plan, RewriteInfo))``."""
+    start = time.perf_counter()
+    tf_options = _tf_options(*tf_args)
+    options = _Options(**options)
     graph = ys[0].graph
     scope = graph.unique_name(name or "gradients", False)
     options.model = options.model.in_scope(scope)
@@ -612,9 +625,7 @@ def gradients(ys, xs, grad_ys=None, name="gradients", gate_gradients=False,
     info.view, info.scope = view, scope
     grads = _returned(grads, info.held)
     _log(chosen, info, time.perf_counter() - start)
-    if return_info:
-        return grads, (chosen, info)
-    return grads
+    return grads, (chosen, info)
 
 
 def _apply(chosen, view, graph, scope):

@@ -24,7 +24,7 @@ import tensorflow as tf
 from ome import errors
 from ome.core import sizes
 from ome.gradients import check_front_door_options
-from ome.measured_steps import MeasuredSteps, asks_measurement
+from ome.measured_steps import MeasuredSteps, asks_measurement, swap_host
 from ome.tape import GradientTape
 from ome.tf import measure, tfprivate
 
@@ -47,7 +47,9 @@ def wrap(model, *, profile=None, **options):
     (the budget left out), its second is profiled, and the step is planned again, for
     the budget, from what it measured; the steps after are checked against the budget
     and planned again (a bounded number of times) when one exceeds it. One line in the
-    log says what was predicted and measured.
+    log says what was predicted and measured. Without a budget, a policy that plans
+    from costs (``measured_steps.COST_POLICIES``, the default ``"auto"`` among them) is
+    profiled and planned again once the same way.
 
     Parameters
     ----------
@@ -55,8 +57,9 @@ def wrap(model, *, profile=None, **options):
         Sequential, Functional or subclassed, whose class keeps Keras's ``train_step``.
     profile : bool or None
         Whether the step measures itself, as above (None, the default: when the options
-        ask for a budget or ``swap="auto"`` without a ``cost_model``). It resets the
-        device's peak memory statistics before each step it checks.
+        ask for a budget, ``swap="auto"`` or a policy planned from costs, without a
+        ``cost_model``). It resets the device's peak memory statistics before each step
+        it checks.
     **options
         Keyword options of :func:`ome.gradients`: ``checkpoints=``, ``memory_budget=``,
         ``swap=``, ``host_device=``, ``batch_size=`` (the batch of one replica; needed
@@ -281,7 +284,7 @@ def _wait_for_own_gradient(update_ops, grads):
 
 def _measures(options, profile):
     """Whether a wrapped step measures itself (``wrap``'s ``profile``)."""
-    return asks_measurement(options) if profile is None else profile
+    return asks_measurement(options, any_policy=True) if profile is None else profile
 
 
 def _measured_train_function(model, step):
@@ -311,6 +314,7 @@ def _measured_train_function(model, step):
             return model.train_function
         measured = MeasuredSteps(build, budget=lambda: budget, plans=lambda: step.plans,
                                  updates=lambda: step.updates,
+                                 host=lambda: swap_host(step.options),
                                  name=f"ome.keras.wrap({model.name})")
         model.train_function = measured
         return measured

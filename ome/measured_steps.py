@@ -3,11 +3,12 @@ they measured, and the runs after are checked against the memory budget.
 
 The phases of :class:`MeasuredSteps`, one call of the step each:
 
-1. **first**: the step built with :data:`DEFAULT_PLAN`: ome's default plan, no budget
-   and no swaps (a budget planned from static estimates takes a long search and
-   misjudges the step anyway, and static estimates swap nothing); it traces, plans and
-   runs. A step that turns out to ask for no measurement (its options
-   read when it traced) is done here.
+1. **first**: a budget below what the device holds already (weights, optimizer slots)
+   is refused before anything runs. Then the step built with :data:`DEFAULT_PLAN`:
+   ome's default plan, no budget and no swaps (a budget planned from static estimates
+   takes a long search and misjudges the step anyway, and static estimates swap
+   nothing); it traces, plans and runs. A step that turns out to ask for no measurement
+   (its options read when it traced) is done here.
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
    the step is then built again with ``cost_model=`` what it measured, for the budget
    less :data:`CREEP` of it, and less the error of the replay on the profiled step (how
@@ -25,24 +26,31 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
 Each call runs one real step (none is repeated, none skipped), and every plan gives the
 same gradients, so a measured training run follows the same values as an unmeasured one.
 """
+import dataclasses
 import logging
 import time
 
 from ome import errors
 from ome.core.sizes import format_bytes
 from ome.policies import planner
+from ome.tf import host
 from ome.tf.measure import memory_stats, memory_stats_device
 from ome.tf.profile import profile_steps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "replayed_peak"]
+__all__ = ["COST_POLICIES", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "replayed_peak",
+           "swap_host"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
 #: The options a step runs with until it has measured: ome's default plan, no budget and
 #: no swaps (both are planned from the measurement).
 DEFAULT_PLAN = {"memory_budget": None, "swap": False}
+#: The policies whose plans use measured op times and scratch where a cost model is given
+#: (``"auto"`` and ``"speed"`` take the optimal planner's lowest plan at no more time):
+#: ``ome.Session`` and ``ome.function`` measure steps planned with these too.
+COST_POLICIES = ("auto", "speed", "optimal")
 # Share of the budget a correction leaves free beyond what the step exceeded it by: the
 # same plan's peak varies from step to step (which free chunk a buffer gets, which of two
 # ready kernels runs first).
@@ -55,11 +63,25 @@ MARGIN = 0.02
 CREEP = 0.06
 
 
-def asks_measurement(options):
+def asks_measurement(options, *, any_policy=False):
     """Whether options of :func:`ome.gradients` ask for what only a measured step can
-    plan well: a ``memory_budget`` or ``swap="auto"``, without a ``cost_model``."""
-    asks = options.get("memory_budget") is not None or options.get("swap") == "auto"
-    return asks and options.get("cost_model") is None
+    plan well: a ``memory_budget`` or ``swap="auto"``, without a ``cost_model``; with
+    ``any_policy``, also a policy that plans better from measured costs
+    (:data:`COST_POLICIES`)."""
+    if options.get("cost_model") is not None:
+        return False
+    if options.get("memory_budget") is not None or options.get("swap") == "auto":
+        return True
+    return any_policy and options.get("checkpoints", "auto") in COST_POLICIES
+
+
+def swap_host(options):
+    """The host device options of :func:`ome.gradients` may swap to (``swap="auto"``, or a
+    budget with ``host_device=``), or None."""
+    if options.get("swap") == "auto" or (options.get("memory_budget") is not None
+                                         and options.get("host_device") is not None):
+        return options.get("host_device") or host.default_host_device()
+    return None
 
 
 def replayed_peak(record, cost_model):
@@ -97,10 +119,14 @@ class MeasuredSteps:
     measures : callable
         ``measures() -> bool``, read after the first step: whether the step asks for a
         measurement at all (default: it does).
+    host : callable
+        ``host() -> str or None``, read after the first step: the host device the plans
+        may swap to (:func:`swap_host`), whose link is measured with the profile.
     """
 
-    def __init__(self, build, *, budget, plans, updates, name, measures=lambda: True):
-        self.build, self.plans, self.name = build, plans, name
+    def __init__(self, build, *, budget, plans, updates, name, measures=lambda: True,
+                 host=lambda: None):
+        self.build, self.plans, self.name, self.host = build, plans, name, host
         self.updates, self.measures = updates, measures
         self._budget, self.budget = budget, None
         self.device = memory_stats_device(None)
@@ -129,6 +155,13 @@ class MeasuredSteps:
         return self._checked(*args, **kwargs)
 
     def _first(self, *args, **kwargs):
+        known = self._budget()  # None where only tracing the step tells (ome.function)
+        allocated = memory_stats(self.device)["current"]
+        if known is not None and allocated > known:
+            raise errors.BudgetError(
+                f"{self.name}: the device already holds {format_bytes(allocated)} before the "
+                f"step runs (weights, optimizer slots, inputs), over the budget of "
+                f"{format_bytes(known)}: no plan can meet it; give a larger budget")
         out = self.step(*args, **kwargs)
         if not self.measures():
             self.phase = "done"
@@ -150,14 +183,20 @@ class MeasuredSteps:
         out = []
         start = time.perf_counter()
         memory_stats(self.device, reset=True)
+        plans = self.plans()
+        scope = getattr(plans[-1][1], "scope", "") if plans else ""
+        scope = scope or "gradients"  # the backward scope of the plan being profiled
         costs = profile_steps(lambda: out.append(self.step(*args, **kwargs)),
-                              device=self.device, updates=self.updates())
+                              device=self.device, updates=self.updates(), scope=scope)
         peak = self.profiled_peak = memory_stats(self.device)["peak"]
+        link = self.host()
+        if link is not None:  # what a swap's round trip costs, and how much of it hides
+            costs = dataclasses.replace(costs, bandwidth=host.measure_bandwidth(link),
+                                        transfer_overlap=host.measure_overlap(link))
         self.profile_seconds = time.perf_counter() - start
         self.cost_model = costs
         self.overrides = {"cost_model": costs}
         if self.budget is not None:
-            plans = self.plans()
             replayed = replayed_peak(plans[-1], costs) if plans else None
             error = 0 if replayed is None else max(0, peak - replayed)
             self.overrides["memory_budget"] = self.budget - error - int(CREEP * self.budget)

@@ -5,7 +5,9 @@ A custom training loop with ``ome.GradientTape(memory_budget=...)`` inside a pla
 chunks. Decorated with ``@ome.function`` instead, the same step measures itself as a
 Keras step under ``ome.keras.wrap`` does (``ome.measured_steps``): the first call runs ome's
 default plan, the second is profiled, the step is traced again with the measured cost
-model, and every later call's device peak is checked against the budget.
+model, and every later call's device peak is checked against the budget. A step with no
+budget is measured too where its tapes' policy plans better from measured costs
+(``ome.measured_steps.COST_POLICIES``: ``checkpoints="auto"``, ``"speed"``, ``"optimal"``).
 """
 import functools
 import logging
@@ -14,7 +16,7 @@ import tensorflow as tf
 
 from ome import errors
 from ome.core import sizes
-from ome.measured_steps import MeasuredSteps, asks_measurement
+from ome.measured_steps import MeasuredSteps, asks_measurement, swap_host
 from ome.tape import tracing_step
 from ome.tf.measure import memory_stats, memory_stats_device
 
@@ -26,13 +28,16 @@ __all__ = ["function"]
 def function(func=None, **tf_function_options):
     """``tf.function`` whose ``ome.GradientTape`` budgets are planned from measurements.
 
-    Where a tape inside the step asks for ``memory_budget=`` (or ``swap="auto"``) with no
-    ``cost_model=``, the step measures itself: call 1 runs ome's default plan, call 2 runs
+    Where a tape inside the step has no ``cost_model=`` and asks for ``memory_budget=``,
+    ``swap="auto"`` or a policy that plans from costs (``checkpoints="auto"``, the default,
+    ``"speed"``, ``"optimal"``), the step measures itself: call 1 runs ome's default plan
+    (the tape's policy, with no budget and no swaps), call 2 runs
     under TensorFlow's profiler (:func:`ome.profile_steps`), and the step is traced again
     with what it measured; from call 3 on, each call's device peak is read (the device's
     peak statistics are reset before it) and a call over the budget has the step planned
     for less, a bounded number of times, then ``ome.errors.BudgetError``. Every call is a
-    real step. A step whose tapes ask for none of this runs as under ``tf.function``.
+    real step. A step whose tapes plan nothing from costs (``checkpoints="none"``, a list
+    of tensors) runs as under ``tf.function``.
 
     Parameters
     ----------
@@ -99,7 +104,8 @@ class _MeasuredFunction:
             log.warning("%s: the step cannot measure itself: %s", name, err)
             return self._build({})
         return MeasuredSteps(self._build, budget=self._budget, plans=lambda: self.plans,
-                             updates=lambda: None, name=name, measures=self._measures)
+                             updates=lambda: None, name=name, measures=self._measures,
+                             host=self._host)
 
     def _build(self, overrides):
         traced = tf.function(self.python_function, **self.tf_function_options)
@@ -111,7 +117,11 @@ class _MeasuredFunction:
         return step
 
     def _measures(self):
-        return any(asks_measurement(tape.options) for tape in self.tapes)
+        return any(asks_measurement(tape.options, any_policy=True) for tape in self.tapes)
+
+    def _host(self):
+        hosts = [swap_host(tape.options) for tape in self.tapes]
+        return next((h for h in hosts if h is not None), None)
 
     def _budget(self):
         budgets = [sizes.parse_bytes(tape.options["memory_budget"], what="memory budget")

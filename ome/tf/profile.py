@@ -69,7 +69,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
         the outputs over the bytes they asked for, each output's median of the steps)
         and ``bandwidth`` and ``transfer_overlap`` (with a host); ``source`` names the device.
         ``gradient_lifetime`` is ``"update"`` when each gradient of the backward pass is
-        read only by an update of its own (:func:`_gradient_updates`), and then
+        read only by an update of its own (:func:`gradient_updates`), and then
         ``update_delays`` holds how many backward ops ran before each update (the most
         of the steps) and ``update_copies`` the bytes each update allocated (a variable
         copied because a kernel still read it; the most of the steps).
@@ -84,7 +84,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
     run_step(session, fetches, feed_dict, phase="warm-up")
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(list)
     asked, given = {}, collections.defaultdict(list)
-    updates = _gradient_updates(session.graph, fetches)
+    updates = gradient_updates(session.graph, fetches)
     delays = collections.defaultdict(list)
     memory = []  # each traced and untraced step's statistics
     for _ in range(steps):
@@ -154,6 +154,8 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients")
         (``ome.keras.wrap``'s step): then ``gradient_lifetime="update"``, and
         ``update_delays`` counts the backward ops (under ``scope``) that ran before each
         gradient's last update (the most of the steps).
+    scope : the name scope of the step's backward ops (``name=`` of ``ome.gradients``):
+        the model's ``backward_scope``, so a step built under another finds their figures.
 
     Returns
     -------
@@ -205,9 +207,10 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients")
             "session's run, Keras's train_on_batch)")
     scratched = {op: sizes for op, sizes in scratch.items()
                  if max(sizes) >= MIN_SCRATCH_BYTES}
-    extra = {} if updates is None else {
-        "gradient_lifetime": "update", "backward_scope": scope,
-        "update_delays": {op: max(d) for op, d in delays.items()}}
+    extra = {"backward_scope": scope}
+    if updates is not None:
+        extra.update(gradient_lifetime="update",
+                     update_delays={op: max(d) for op, d in delays.items()})
     return CostModel(
         op_seconds={op: statistics.median(times) for op, times in seconds.items()},
         temporaries={op: max(sizes) for op, sizes in scratched.items()},
@@ -347,7 +350,7 @@ def _node_costs(run_metadata, stats_device):
         yield name, node.all_end_rel_micros / 1e6, max(0, peak - outputs)
 
 
-def _gradient_updates(graph, fetches, scope="gradients"):
+def gradient_updates(graph, fetches, scope="gradients"):
     """``{gradient producer op name: its readers' names}`` if the step frees each gradient
     once its own variable update has read it, else None.
 

@@ -33,6 +33,11 @@ def creation_id(op):
     return op._id  # pylint: disable=protected-access
 
 
+def control_outputs(op):
+    """The ops that wait for ``op`` by a control input."""
+    return list(op._control_outputs)  # pylint: disable=protected-access
+
+
 def in_v1_control_flow(op):
     """Whether ``op`` sits inside a TF1 ``tf.while_loop``/``tf.cond`` frame."""
     return op._get_control_flow_context() is not None  # pylint: disable=protected-access

@@ -23,7 +23,8 @@ LAYERS = {"ome": "base", "ome.errors": "base", "ome.core": "core", "ome.policies
           "ome.tf": "tf", "ome.gradients": "front doors", "ome.tape": "front doors",
           "ome.keras": "front doors", "ome.patch": "front doors", "ome.host": "front doors",
           "ome.timeline": "front doors", "ome.measured_steps": "front doors",
-          "ome.step_function": "front doors",
+          "ome.step_function": "front doors", "ome.session": "front doors",
+          "ome.measured_calls": "front doors",
           "ome.measure": "front doors", "ome.pipeline": "pipeline", "ome.estimate": "estimate"}
 TENSORFLOW = ("tensorflow", "keras")
 

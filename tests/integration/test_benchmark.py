@@ -1043,3 +1043,18 @@ def test_a_profiled_run_carries_the_plans_prediction():
     # between processes, so this only bounds it.
     assert 0.8 * row.device_peak_bytes <= row.predicted_peak_bytes <= 1.2 * row.device_peak_bytes
     assert row.predicted_added_s > 0
+
+
+@pytest.mark.slow  # about a minute: a worker run that measures itself
+def test_an_unprofiled_ome_swap_run_measures_itself_as_a_user_script_would():
+    """The default sweep hands ome no profile: ``ome-swap``'s step runs in an
+    ``ome.Session``, which profiles its own first runs and plans the swaps from them, so
+    the row reports the swaps of that plan, predicted from the measured costs."""
+    spec = protocol.RunSpec("resnet18", "ome-swap", 8, 64, steps=1, warmup=1)
+    with Pool(1) as pool:
+        result = pool.call(spec, timeout=300)
+    row = Row.from_dict(result["row"])
+    assert row.ok and "cost_model" not in result["details"], row
+    measured = result["details"]["measured_steps"]
+    assert measured["runs"] == 3 and measured["profile_seconds"] > 0, measured
+    assert row.swapped_count > 0 and row.predicted_peak_bytes, row

@@ -20,20 +20,20 @@ class _Device:
     """The device's peak memory statistics: each step's peak, in the order given (the
     profiled step's first: the first step's is not read)."""
 
-    def __init__(self, peaks):
-        self.peaks, self.step = list(peaks), -1
+    def __init__(self, peaks, current=0):
+        self.peaks, self.step, self.current = list(peaks), -1, current
 
     def __call__(self, device, *, reset=False):
         if reset:
             self.step += 1
             return None
-        return {"peak": self.peaks[self.step], "current": 0}
+        return {"peak": self.peaks[self.step], "current": self.current}
 
 
 @pytest.fixture
 def measured(monkeypatch):
-    def make(peaks, budget, *, replayed=None, refused=False):
-        device = _Device(peaks)
+    def make(peaks, budget, *, replayed=None, refused=False, current=0):
+        device = _Device(peaks, current)
         costs = CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in")
         monkeypatch.setattr(measured_steps, "memory_stats", device)
         monkeypatch.setattr(measured_steps, "profile_steps",
@@ -121,9 +121,25 @@ def test_still_over_the_budget_after_its_corrections_raises(measured):
     assert len(built) == 2 + measured_steps.MAX_CORRECTIONS
 
 
-def test_a_custom_loop_under_ome_function_measures_its_tapes_budget():
-    lines = run_script("function_measured.py")
-    assert [line.split(":")[0] for line in lines] == [
+def test_a_budget_below_what_the_device_holds_is_refused_before_the_first_step(measured):
+    step, built, _ = measured([50 * MiB], 100 * MiB, current=120 * MiB)
+    with pytest.raises(errors.BudgetError, match="already holds 120.0 MiB"):
+        step()
+    assert step.phase == "first" and built == [DEFAULT]  # built, never run
+
+
+@pytest.mark.parametrize("script, checks", [
+    ("session_measured.py", [  # a TF1 session's ome.gradients
+        "OK measured plan", "OK measured runs within the budget",
+        "OK the measured session's losses and weights are the plain session's",
+        "OK a call built after the session exists runs the default plan it built",
+        "OK a budget below what the device holds is refused before any update"]),
+    ("function_measured.py", [  # a custom loop's ome.GradientTape under ome.function
         "OK measured plan", "OK measured calls within the budget",
         "OK measured losses follow the plain loop",
-        "OK a step asking for no budget is traced once, measured never"], lines
+        "OK a step with ome's default policy and no budget is measured and planned again once",
+        "OK a step that plans nothing from costs is traced once, measured never"]),
+])
+def test_a_front_door_measures_its_own_steps_budget(script, checks):
+    lines = run_script(script)
+    assert [line.split(":")[0] for line in lines] == checks, lines

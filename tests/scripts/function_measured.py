@@ -5,8 +5,9 @@ once with tf.GradientTape under tf.function and once with ome.GradientTape(memor
 under @ome.function, the budget 20 MiB under the plain step's peak. The ome step must
 profile its second call and plan again from what it measured (the last plan recomputes,
 from a profiler's cost model), every call after its last correction must peak within the
-budget, and the losses must follow the plain loop's. A step under @ome.function whose tape
-asks for no budget is traced once and measured never.
+budget, and the losses must follow the plain loop's. A step under @ome.function with ome's
+default policy and no budget is measured and planned again once; one with
+checkpoints="none" is traced once and measured never.
 Prints ``OK`` lines; a failed check raises.
 """
 import os
@@ -17,6 +18,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import ome  # noqa: E402
+from measured_common import check_held  # noqa: E402
 
 STEPS = 12
 x = tf.constant(np.random.RandomState(0).randn(1024, 512).astype("float32"))
@@ -74,21 +76,21 @@ assert plan.recomputed and info.copied_ops, \
     f"the measured plan recomputes nothing: peaks {peaks}, budget {budget}, plain {plain_peaks}"
 print(f"OK measured plan: {len(plan.recomputed)} tensors recomputed, predicted "
       f"{plan.estimates['device_peak'] / 2**20:.1f} MiB")
-# Call 3 is the first checked; a correction's call is over the budget, the calls after the
-# last one stay within it. (Here the replay misses what the optimizer computes before the
-# gradients exist, SGD's momentum * m held through the step, so a correction can come late.)
-settled = max([2] + [i + 1 for i in range(1, STEPS) if corrections[i] > corrections[i - 1]])
-held = peaks[settled:]
-assert held and max(held) <= budget, \
-    f"calls over the budget of {budget}: {peaks}, corrections {corrections}"
-print(f"OK measured calls within the budget: {max(held) / 2**20:.1f} of "
-      f"{budget / 2**20:.1f} MiB after {corrections[-1]} corrections")
+# (The replay misses what the optimizer computes before the gradients exist, SGD's
+# momentum * m held through the step, so a correction can come late.)
+print(check_held(peaks, corrections, budget, "calls"))
 np.testing.assert_allclose(losses, plain_losses, rtol=1e-4)
 print("OK measured losses follow the plain loop")
 
 unbudgeted = loop(ome.function, ome.GradientTape)
 unbudgeted_losses, _ = train(unbudgeted)
-assert unbudgeted.steps.phase == "done" and unbudgeted.cost_model is None
-assert len(unbudgeted.plans) == 1 and unbudgeted.plans[0][0].recomputed
+assert unbudgeted.steps.phase == "done" and unbudgeted.cost_model is not None
+assert len(unbudgeted.plans) == 2 and unbudgeted.plans[-1][0].recomputed
 np.testing.assert_allclose(unbudgeted_losses, plain_losses, rtol=1e-4)
-print("OK a step asking for no budget is traced once, measured never")
+print("OK a step with ome's default policy and no budget is measured and planned again once")
+
+kept = loop(ome.function, lambda: ome.GradientTape(checkpoints="none"))
+kept_losses, _ = train(kept)
+assert kept.steps.phase == "done" and kept.cost_model is None and len(kept.plans) == 1
+np.testing.assert_allclose(kept_losses, plain_losses, rtol=1e-4)
+print("OK a step that plans nothing from costs is traced once, measured never")

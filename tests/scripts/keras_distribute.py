@@ -91,7 +91,10 @@ def check_fit():
     plain, history, wrapped, ome_history = twins(make, fit)
     assert_same_weights(plain, wrapped)
     np.testing.assert_allclose(ome_history["loss"], history["loss"], rtol=1e-5)
-    assert len(ome.keras.plans(wrapped)) == strategy.num_replicas_in_sync
+    # The default policy plans from costs: the step's default plan, then the one planned
+    # from its profile, each traced once per replica
+    assert len(ome.keras.plans(wrapped)) == 2 * strategy.num_replicas_in_sync
+    assert "profiler" in ome.keras.measured_cost_model(wrapped).source
     for plan, _ in ome.keras.plans(wrapped):
         assert any(g.waits for g in plan.schedule.groups), "waits on by default"
     print(f"OK fit under strategy.scope(): {assert_ome_rewrote(wrapped)} per replica")
