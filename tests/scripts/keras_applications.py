@@ -1,8 +1,8 @@
 """Real architectures users train, rebuilt in Keras 3 (weights=None, small images): inside
 tf.function, ome.gradients equals tf.gradients from the same call, the plan recomputes
-something, and the default Grappler passes run the rewritten graph (item 8: "Retval does
-not have value" before); an LSTM's While op is kept whole while the rest is planned (item
-10). Prints ``OK <model> <mode> ...`` per case; a failed check raises.
+something, and the default Grappler passes run the rewritten graph (they failed with
+"Retval does not have value" once); an LSTM's While op is kept whole while the rest is
+planned. Prints ``OK <model> <mode> ...`` per case; a failed check raises.
 """
 import os
 import sys
@@ -20,7 +20,7 @@ RTOL, ATOL = 1e-4, 1e-5
 
 def check(name, model, inputs, mode, recomputes=True):
     """``recomputes=False``: the weight gradients set the peak, so ome predicts no saving
-    and must build plain tf.gradients (item 9: never more memory by its own choice)."""
+    and must build plain tf.gradients (never more memory by its own choice)."""
     variables = [v.value for v in model.trainable_variables]
     found = {}
 

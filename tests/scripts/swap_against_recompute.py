@@ -11,7 +11,7 @@ are fetched alone (no optimizer), so every weight's gradient is held to the step
 on InceptionV4 at batch 16 those, the weights and their slots are about 85% of the peak,
 and ``--batch-size 32`` gives the activations the larger share (docs/RESULTS.md). One
 process at a time; prints a table, each process's ratio, their median and how many are
-at or below ``--target`` (#12 asks 0.95).
+at or below ``--target`` (default 0.95).
 ``tests/memory/test_swap.py`` runs one process on ResNet-50.
 """
 import argparse
