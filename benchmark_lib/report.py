@@ -18,7 +18,8 @@ EXPLAIN_MEMORY = (
     "`max_mem` when nothing is swapped; when something is, the most bytes the allocator held "
     "at once less the host's chunks live at that moment, from the allocator's own records of "
     "profiled steps (each chunk belongs to the device of the op that allocated it). With a "
-    "GPU, `device peak` is `max_mem`.")
+    "GPU, `device peak` is `max_mem`. `to host`: how many tensors the plan swaps out to the "
+    "host and back.")
 _EXPLAIN_NOISE = ("`~`: the step-time difference to vanilla is smaller than the larger of the "
                   "two IQRs, so it is not a measured difference.")
 
@@ -111,9 +112,10 @@ def _memory_cells(row, ref, column):
 def sweep_tables(rows, model_order=(), strategy_order=(), level=2):
     """Markdown lines: per model, batch and image size (a heading of ``level``), each
     strategy's memory and time, absolute and as ratios to ``vanilla`` of the same group
-    (— where vanilla did not run)."""
+    (— where vanilla did not run), and how many tensors it swapped to the host."""
     columns = ["strategy", "status", "device peak MiB", "×vanilla", "memory_cost MiB",
-               "×vanilla", "max_mem MiB", "×vanilla", "step s", "IQR", "×vanilla", "images/s"]
+               "×vanilla", "max_mem MiB", "×vanilla", "step s", "IQR", "×vanilla", "images/s",
+               "to host"]
     lines = []
     for (model, batch, image), group in _groups(rows, model_order, strategy_order).items():
         ref = _reference(group)
@@ -127,7 +129,8 @@ def sweep_tables(rows, model_order=(), strategy_order=(), level=2):
                           *_memory_cells(r, ref, "memory_cost_bytes"),
                           *_memory_cells(r, ref, "max_mem_bytes"),
                           _fmt(r.step_time_s if r.ok else None, ".3f"), format_percent(r.spread),
-                          time_ratio, _fmt(r.images_per_s if r.ok else None, ".1f")])
+                          time_ratio, _fmt(r.images_per_s if r.ok else None, ".1f"),
+                          str(r.swapped_count or 0) if r.ok else "—"])
             if not r.ok and r.reason:
                 notes.append(f"- {r.strategy}: {r.status}: {one_line(r.reason)}")
         lines += [f"{'#' * level} {model}, batch {batch}, image {image}x{image}", ""]

@@ -250,15 +250,17 @@ def _cells(lines, strategy, status="ok"):
 
 def test_sweep_table_ratios_spread_and_noise_marker():
     rows = [_row("vanilla", peak=400 * MiB, cost=300 * MiB, time_s=2.0, spread=0.1),
-            _row("ome", peak=200 * MiB, cost=100 * MiB, time_s=3.0, spread=0.3),
+            _row("ome", peak=200 * MiB, cost=100 * MiB, time_s=3.0, spread=0.3,
+                 swapped_count=3),
             _row("openai", peak=300 * MiB, cost=150 * MiB, time_s=2.05, spread=0.2),
             _row("lms", status="oom", reason="device peak 900 MiB exceeds the budget"),
             _row("ome", batch=8)]  # no vanilla at batch 8
     lines = report.sweep_tables(rows, ["resnet50"], ["vanilla", "ome", "openai", "lms"])
     assert _cells(lines, "ome") == ["ome", "ok", "200.0", "0.50", "100.0", "0.33", "200.0",
-                                    "0.50", "3.000", "10%", "1.50", "1.3"]
+                                    "0.50", "3.000", "10%", "1.50", "1.3", "3"]
     assert _cells(lines, "openai")[10] == "1.02~"  # 0.05 s apart, IQR 0.2 s: noise
-    assert _cells(lines, "lms", "oom")[2:] == ["—"] * 10
+    assert _cells(lines, "lms", "oom")[2:] == ["—"] * 11
+    assert _cells(lines, "openai")[-1] == "0"  # swapped nothing
     assert "- lms: oom: device peak 900 MiB exceeds the budget" in lines
     assert any(l.startswith("`~`: the step-time difference") for l in lines)
     assert lines.index("## resnet50, batch 4, image 64x64") < lines.index(
