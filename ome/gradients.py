@@ -361,8 +361,10 @@ def _policy_plan(view, options, static_bytes):
                                host_device=options.host_device)
     if options.swap == "auto" and not options.measured:
         log.warning("swap='auto' weighs swaps against recomputation by measured costs: "
-                    "without cost_model=ome.profile(...) it swaps nothing (static estimates "
-                    "misjudge both, and swaps chosen by them can raise the device peak)")
+                    "planned from static estimates, this plan swaps nothing (they misjudge "
+                    "both, and swaps chosen by them can raise the device peak); a step run "
+                    "in ome.Session, ome.function or ome.keras.wrap is measured and planned "
+                    "again, or pass cost_model=ome.profile(...)")
     elif options.swap == "auto":
         plan = planner.swap_auto(view, plan, options.host_device, options.model,
                                  pins=options.pins, hold_gradients=options.hold_gradients)
