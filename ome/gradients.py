@@ -234,8 +234,9 @@ class _Options:
             log.warning("checkpoints='optimal' without cost_model: planned from static "
                         "estimates (each gradient alive to the step's end, no kernel "
                         "scratch memory), which can choose a plan that measures worse than "
-                        "'auto''s; measure the step (ome.profile, ome.profile_steps) and "
-                        "pass cost_model=")
+                        "'auto''s; a step that measures itself is planned again from what it "
+                        "measured (ome.Session, ome.function, ome.keras.wrap), or pass "
+                        "cost_model= (ome.profile, ome.profile_steps)")
         self.batch_size = batch_size
         # Without a budget a plan weighs tensors against each other, not against a limit,
         # so an unknown batch dimension is planned at a stand-in; a budget needs the real one.
@@ -362,9 +363,10 @@ def _policy_plan(view, options, static_bytes):
     if options.swap == "auto" and not options.measured:
         log.warning("swap='auto' weighs swaps against recomputation by measured costs: "
                     "planned from static estimates, this plan swaps nothing (they misjudge "
-                    "both, and swaps chosen by them can raise the device peak); a step run "
-                    "in ome.Session, ome.function or ome.keras.wrap is measured and planned "
-                    "again, or pass cost_model=ome.profile(...)")
+                    "both, and swaps chosen by them can raise the device peak); a step that "
+                    "measures itself is planned again from what it measured (ome.Session, "
+                    "ome.function, ome.keras.wrap), or pass cost_model= (ome.profile, "
+                    "ome.profile_steps)")
     elif options.swap == "auto":
         plan = planner.swap_auto(view, plan, options.host_device, options.model,
                                  pins=options.pins, hold_gradients=options.hold_gradients)
