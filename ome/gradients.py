@@ -42,6 +42,11 @@ CHECKPOINT_MODES = ("auto", "optimal", "memory", "speed", "collection", "none", 
 # asked even where the simulator predicts no lower peak.
 TRANSFORMER_MODES = ("selective", "full")
 _UNCONNECTED = ("none", "zero")
+# How a plan made from static estimates gets measured costs, said by the warnings that
+# name its shortfall.
+_MEASURE_HINT = ("a step that measures itself is planned again from what it measured "
+                 "(ome.Session, ome.function, ome.keras.wrap), or pass cost_model= "
+                 "(ome.profile, ome.profile_steps)")
 #: The batch unknown dimensions are planned at when no budget needs the real one.
 ASSUMED_BATCH = 64
 
@@ -234,9 +239,7 @@ class _Options:
             log.warning("checkpoints='optimal' without cost_model: planned from static "
                         "estimates (each gradient alive to the step's end, no kernel "
                         "scratch memory), which can choose a plan that measures worse than "
-                        "'auto''s; a step that measures itself is planned again from what it "
-                        "measured (ome.Session, ome.function, ome.keras.wrap), or pass "
-                        "cost_model= (ome.profile, ome.profile_steps)")
+                        "'auto''s; %s", _MEASURE_HINT)
         self.batch_size = batch_size
         # Without a budget a plan weighs tensors against each other, not against a limit,
         # so an unknown batch dimension is planned at a stand-in; a budget needs the real one.
@@ -363,10 +366,8 @@ def _policy_plan(view, options, static_bytes):
     if options.swap == "auto" and not options.measured:
         log.warning("swap='auto' weighs swaps against recomputation by measured costs: "
                     "planned from static estimates, this plan swaps nothing (they misjudge "
-                    "both, and swaps chosen by them can raise the device peak); a step that "
-                    "measures itself is planned again from what it measured (ome.Session, "
-                    "ome.function, ome.keras.wrap), or pass cost_model= (ome.profile, "
-                    "ome.profile_steps)")
+                    "both, and swaps chosen by them can raise the device peak); %s",
+                    _MEASURE_HINT)
     elif options.swap == "auto":
         plan = planner.swap_auto(view, plan, options.host_device, options.model,
                                  pins=options.pins, hold_gradients=options.hold_gradients)
