@@ -16,7 +16,10 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
 3. **check**: the device's peak of the rebuilt step is read from the allocator. Over the
    budget, the budget the plan is made for is lowered by the excess and a margin, and the
    step built again and checked, at most :data:`MAX_CORRECTIONS` times in all; then
-   :class:`ome.errors.BudgetError`. With no budget, measuring ends here. Where the plans
+   :class:`ome.errors.BudgetError`. With no budget, measuring ends here; a step that
+   peaked more than :data:`MARGIN` above the profiled one is built with its first plan
+   again, and keeps it (a plan made from measured costs is never kept when it measures
+   worse than the plan it was made from). Where the plans
    for the budget are refused while the profiled default plan peaked within it, the step
    runs the default plan, checked as the others (a budget it meets is never refused).
 4. **held**: within the budget, every later step's peak is read too (a peak can creep up
@@ -138,6 +141,7 @@ class MeasuredSteps:
         self.cost_model = None  # what the profiled step measured
         self.profiled_peak = None  # the device's peak in the profiled step (default plan)
         self.fell_back = False  # to the default plan: the budget's plans were refused
+        self.kept_first = False  # planned again without a budget, it measured higher
 
     def estimates(self):
         """The last plan's ``Plan.estimates`` (its predicted ``device_peak`` and
@@ -231,6 +235,8 @@ class MeasuredSteps:
         peak = memory_stats(self.device)["peak"]
         estimates = self.estimates()
         predicted = estimates.get("device_peak")
+        if self.budget is None and self._worse_than_profiled(peak, predicted):
+            return out
         if self.budget is None or peak <= self.budget:
             if self.phase == "held":
                 return out
@@ -263,6 +269,23 @@ class MeasuredSteps:
         self.corrections += 1
         self.step = self.build(self.overrides)
         return out
+
+
+    def _worse_than_profiled(self, peak, predicted):
+        """Whether the step planned from the profile (no budget) peaked more than
+        :data:`MARGIN` above what the profiled step of its first plan did: then that plan
+        is built again and kept, as every cost policy promises no higher peak than the
+        plan it starts from, and measurement is the judge of that."""
+        if self.profiled_peak is None or peak <= (1 + MARGIN) * self.profiled_peak:
+            return False
+        log.info("%s: profiled one step (%.1f s) and planned again: predicted %s, measured %s, "
+                 "above the %s its first plan peaked at when profiled; the first plan is "
+                 "built again and kept", self.name, self.profile_seconds, _format(predicted),
+                 format_bytes(peak), format_bytes(self.profiled_peak))
+        self.overrides, self.kept_first = dict(DEFAULT_PLAN), True
+        self.step = self.build(self.overrides)
+        self.phase = "done"
+        return True
 
 
 def _format(nbytes):

@@ -69,6 +69,23 @@ def test_profiled_then_planned_again_from_the_measured_costs(measured):
     assert step.phase == "held" and step() == 2
 
 
+def test_without_a_budget_a_plan_measuring_over_the_profiled_first_plan_is_undone(measured,
+                                                                                   caplog):
+    # profiled: 100 MiB; planned again from it, the step peaks at 110: above the margin
+    step, built, costs = measured([100 * MiB, 110 * MiB, 120 * MiB], budget=None)
+    with caplog.at_level("INFO", logger="ome.measured_steps"):
+        assert [step(), step(), step(), step()] == [1, 1, 2, 3]
+    assert built == [DEFAULT, {"cost_model": costs}, DEFAULT] and step.kept_first
+    assert step.phase == "done"
+    assert "measured 110.0 MiB, above the 100.0 MiB its first plan peaked at" in caplog.text
+
+
+def test_without_a_budget_a_plan_measuring_within_the_margin_of_the_first_is_kept(measured):
+    step, built, costs = measured([100 * MiB, 100 * MiB + MARGIN], budget=None)
+    assert [step(), step(), step(), step()] == [1, 1, 2, 2]
+    assert built == [DEFAULT, {"cost_model": costs}] and not step.kept_first
+
+
 def test_a_step_over_the_budget_is_planned_again_for_the_excess_less(measured):
     step, built, _ = measured([90 * MiB, 104 * MiB, 99 * MiB], budget=100 * MiB)
     for _ in range(4):
@@ -137,7 +154,8 @@ def test_a_budget_below_what_the_device_holds_is_refused_before_the_first_step(m
     ("function_measured.py", [  # a custom loop's ome.GradientTape under ome.function
         "OK measured plan", "OK measured calls within the budget",
         "OK measured losses follow the plain loop",
-        "OK a step with ome's default policy and no budget is measured and planned again once",
+        "OK a step with ome's default policy and no budget is measured and planned again once, "
+        "never above its first plan",
         "OK a step that plans nothing from costs is traced once, measured never"]),
 ])
 def test_a_front_door_measures_its_own_steps_budget(script, checks):

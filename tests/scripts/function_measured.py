@@ -6,8 +6,9 @@ under @ome.function, the budget 20 MiB under the plain step's peak. The ome step
 profile its second call and plan again from what it measured (the last plan recomputes,
 from a profiler's cost model), every call after its last correction must peak within the
 budget, and the losses must follow the plain loop's. A step under @ome.function with ome's
-default policy and no budget is measured and planned again once; one with
-checkpoints="none" is traced once and measured never.
+default policy and no budget is measured and planned again once, and keeps the new plan
+only where it measured no higher than the first plan did; one with checkpoints="none" is
+traced once and measured never.
 Prints ``OK`` lines; a failed check raises.
 """
 import os
@@ -18,6 +19,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import ome  # noqa: E402
+from ome import measured_steps  # noqa: E402
 from measured_common import check_held  # noqa: E402
 
 STEPS = 12
@@ -83,11 +85,23 @@ np.testing.assert_allclose(losses, plain_losses, rtol=1e-4)
 print("OK measured losses follow the plain loop")
 
 unbudgeted = loop(ome.function, ome.GradientTape)
-unbudgeted_losses, _ = train(unbudgeted)
-assert unbudgeted.steps.phase == "done" and unbudgeted.cost_model is not None
-assert len(unbudgeted.plans) == 2 and unbudgeted.plans[-1][0].recomputed
+unbudgeted_losses, unbudgeted_peaks = train(unbudgeted)
+measured = unbudgeted.steps
+assert measured.phase == "done" and unbudgeted.cost_model is not None
+first, *_, last = unbudgeted.plans
+# planned again from the profile; kept where it measured no higher than the first plan
+# profiled, else the first plan is built again
+assert len(unbudgeted.plans) == (3 if measured.kept_first else 2) and last[0].recomputed
+if measured.kept_first:  # traced again: the same plan under new tensor names
+    assert (last[0].policy, len(last[0].recomputed)) == (first[0].policy,
+                                                        len(first[0].recomputed))
+ceiling = (1 + measured_steps.MARGIN) * measured.profiled_peak
+assert max(unbudgeted_peaks[4:]) <= ceiling + 2**20, (unbudgeted_peaks, measured.profiled_peak)
 np.testing.assert_allclose(unbudgeted_losses, plain_losses, rtol=1e-4)
-print("OK a step with ome's default policy and no budget is measured and planned again once")
+print("OK a step with ome's default policy and no budget is measured and planned again "
+      f"once, never above its first plan: {'the first' if measured.kept_first else 'the new'}"
+      f" plan kept, {max(unbudgeted_peaks[4:]) / 2**20:.1f} MiB against the first plan's "
+      f"{measured.profiled_peak / 2**20:.1f}")
 
 kept = loop(ome.function, lambda: ome.GradientTape(checkpoints="none"))
 kept_losses, _ = train(kept)
