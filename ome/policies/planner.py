@@ -50,6 +50,10 @@ SWAP_MIN_SAVING = 0.05
 # The shares of a plan's simulated peak :func:`_descent` tries in turn, for swap="auto" and
 # lowest_at_no_more_time, while a plan fits them at no more added time than the plan.
 DESCENT_SHARES = (1.0 - SWAP_MIN_SAVING, 0.85, 0.75, 0.65, 0.5)
+# Halvings of the gap between the last share that gave a plan and the one that stopped the
+# descent: the shares are a tenth of the peak apart, and the lowest plan at no more time
+# often lies between two of them.
+DESCENT_HALVINGS = 2
 
 
 def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
@@ -94,21 +98,49 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
 def _descent(view, peak, seconds, policy, **search):
     """:func:`ome.policies.search.optimal`'s plans under each share of ``peak`` in
     :data:`DESCENT_SHARES` in turn, while they add no more than ``seconds`` (``policy``'s
-    time): ``(plans, why the descent stopped)``, "" when every share was tried.
+    time), then under shares between the last that gave a plan and the one that stopped the
+    descent (:func:`_halvings`): ``(plans, why the descent stopped)``, lowest limit last,
+    "" when every share was tried.
     ``search``: :func:`ome.policies.search.optimal`'s options."""
-    found = []
+    found, fitted = [], None
     for share in DESCENT_SHARES:
-        limit = int(share * peak)
-        try:
-            candidate = optimal(view, limit=limit, **search)
-        except errors.BudgetError:
-            return found, f"no plan fits {format_bytes(limit)}"
-        added = candidate.estimates["added_seconds"]  # simulated by optimal
-        if added > seconds:
-            return found, (f"under {format_bytes(limit)} the cheapest plan adds {added:.3f} s "
-                           f"a step, more than {policy}'s {seconds:.3f} s")
+        candidate, why = _within(view, int(share * peak), seconds, policy, search)
+        if candidate is None:
+            if fitted is not None:
+                found += _halvings(view, fitted, share, peak, seconds, policy, search)
+            return found, why
         found.append(candidate)
+        fitted = share
     return found, ""
+
+
+def _halvings(view, fitted, stopped, peak, seconds, policy, search):
+    """The plans found by halving :data:`DESCENT_HALVINGS` times the gap between share
+    ``fitted`` (whose plan was found) and ``stopped`` (whose was not), lowest last."""
+    found = []
+    for _ in range(DESCENT_HALVINGS):
+        share = (fitted + stopped) / 2
+        candidate, _ = _within(view, int(share * peak), seconds, policy, search)
+        if candidate is None:
+            stopped = share
+        else:
+            found.append(candidate)
+            fitted = share
+    return found
+
+
+def _within(view, limit, seconds, policy, search):
+    """``(plan, "")``: :func:`ome.policies.search.optimal`'s plan under ``limit`` when it adds
+    no more than ``seconds``; else ``(None, why)``."""
+    try:
+        candidate = optimal(view, limit=limit, **search)
+    except errors.BudgetError:
+        return None, f"no plan fits {format_bytes(limit)}"
+    added = candidate.estimates["added_seconds"]  # simulated by optimal
+    if added > seconds:
+        return None, (f"under {format_bytes(limit)} the cheapest plan adds {added:.3f} s a "
+                      f"step, more than {policy}'s {seconds:.3f} s")
+    return candidate, ""
 
 
 # The least share of plain backprop's predicted peak a rewrite must save for ome to build

@@ -5,6 +5,7 @@ backward that mirrors it: ``g_y`` (the seed), then ``g_c`` reads c, ``g_b`` read
 ``g_a`` reads a (like TanhGrad reading its op's output).
 """
 import dataclasses
+import types
 
 import pytest
 
@@ -635,6 +636,24 @@ def test_swap_auto_finds_the_lowest_peak_with_swaps_at_no_more_added_time(caplog
     assert not swapped.schedule.copied_ops
     assert "simulated peak 5.0 MiB -> 3.0 MiB" in caplog.text
     assert "lower: no plan fits 2.5 MiB" in caplog.text
+
+
+def test_the_descent_halves_the_gap_below_its_last_share_that_gave_a_plan(monkeypatch):
+    # plans exist down to a limit of 72 (of a peak of 100): the shares stop at 0.65, the
+    # halvings try 0.70 (none) and 0.725 (one), between 0.75 and 0.65
+    tried = []
+
+    def optimal(view, *, limit, **search):
+        tried.append(limit)
+        if limit < 72:
+            raise errors.BudgetError("cannot fit")
+        return types.SimpleNamespace(estimates={"added_seconds": 0.0, "device_peak": limit})
+
+    monkeypatch.setattr(planner, "optimal", optimal)
+    found, why = planner._descent(None, 100, 1.0, "auto")
+    assert tried == [95, 85, 75, 65, 70, 72]
+    assert [plan.estimates["device_peak"] for plan in found] == [95, 85, 75, 72]
+    assert why == "no plan fits 65 B"
 
 
 def test_swap_auto_keeps_the_plan_when_swaps_cost_more_time_than_its_recomputation(caplog):
