@@ -14,7 +14,9 @@ plain Keras's. A ``memory_cost`` above plain's is flagged ``**worse than plain**
     python -m benchmark_lib.never_worse          # VGG16, ResNet50, MobileNetV2, DenseNet121
     python -m benchmark_lib.never_worse --models VGG16,ResNet50 --image 64 --out /tmp/nw
 
-The default (32x32, batch 8, 7 steps) runs 20 processes, one at a time. Writes ``table.md``
+The default (32x32, batch 8, 7 steps) runs 20 processes, one at a time: 44 minutes on 2 cores
+shared with other work, most of it in the wrapped runs' step 3, planned from step 2's
+profile (up to 9 minutes, ResNet50 with ``speed``). Writes ``table.md``
 (opening with its command, commit, date and machine) and ``table.json`` into ``--out``.
 """
 import argparse
