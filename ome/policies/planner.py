@@ -79,7 +79,7 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     if lower <= peak and added <= seconds and (lower, added) != (peak, seconds):
         chosen = smallest
     else:
-        found, why = _descent(view, peak, seconds, plan.policy, **search)
+        found, why = _descent(view, peak, seconds, plan.policy, floor=lower, **search)
         if not found:
             log.info("%s: the optimal planner's plans (smallest %s, %.3f s added; %s) do "
                      "not improve on %s's (%s, %.3f s); %s's is kept", plan.policy,
@@ -95,32 +95,33 @@ def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,
     return dataclasses.replace(chosen, policy=f"{plan.policy}:optimal")
 
 
-def _descent(view, peak, seconds, policy, **search):
+def _descent(view, peak, seconds, policy, floor=0, **search):
     """:func:`ome.policies.search.optimal`'s plans under each share of ``peak`` in
     :data:`DESCENT_SHARES` in turn, while they add no more than ``seconds`` (``policy``'s
     time), then under shares between the last that gave a plan and the one that stopped the
     descent (:func:`_halvings`): ``(plans, why the descent stopped)``, lowest limit last,
-    "" when every share was tried.
+    "" when every share was tried. A limit below ``floor`` (the smallest peak the
+    planner found, where known) is not searched: no plan fits it.
     ``search``: :func:`ome.policies.search.optimal`'s options."""
     found, fitted = [], None
     for share in DESCENT_SHARES:
-        candidate, why = _within(view, int(share * peak), seconds, policy, search)
+        candidate, why = _within(view, int(share * peak), seconds, policy, floor, search)
         if candidate is None:
             if fitted is not None:
-                found += _halvings(view, fitted, share, peak, seconds, policy, search)
+                found += _halvings(view, fitted, share, peak, seconds, policy, floor, search)
             return found, why
         found.append(candidate)
         fitted = share
     return found, ""
 
 
-def _halvings(view, fitted, stopped, peak, seconds, policy, search):
+def _halvings(view, fitted, stopped, peak, seconds, policy, floor, search):
     """The plans found by halving :data:`DESCENT_HALVINGS` times the gap between share
     ``fitted`` (whose plan was found) and ``stopped`` (whose was not), lowest last."""
     found = []
     for _ in range(DESCENT_HALVINGS):
         share = (fitted + stopped) / 2
-        candidate, _ = _within(view, int(share * peak), seconds, policy, search)
+        candidate, _ = _within(view, int(share * peak), seconds, policy, floor, search)
         if candidate is None:
             stopped = share
         else:
@@ -129,9 +130,13 @@ def _halvings(view, fitted, stopped, peak, seconds, policy, search):
     return found
 
 
-def _within(view, limit, seconds, policy, search):
+def _within(view, limit, seconds, policy, floor, search):
     """``(plan, "")``: :func:`ome.policies.search.optimal`'s plan under ``limit`` when it adds
-    no more than ``seconds``; else ``(None, why)``."""
+    no more than ``seconds``; else ``(None, why)``, without a search when ``limit`` is
+    below ``floor``."""
+    if limit < floor:
+        return None, (f"no plan fits {format_bytes(limit)}, below the smallest peak found, "
+                      f"{format_bytes(floor)}")
     try:
         candidate = optimal(view, limit=limit, **search)
     except errors.BudgetError:

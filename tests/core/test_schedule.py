@@ -654,6 +654,11 @@ def test_the_descent_halves_the_gap_below_its_last_share_that_gave_a_plan(monkey
     assert tried == [95, 85, 75, 65, 70, 72]
     assert [plan.estimates["device_peak"] for plan in found] == [95, 85, 75, 72]
     assert why == "no plan fits 65 B"
+    # a floor (the smallest peak found) spares the searches under it
+    tried.clear()
+    found, why = planner._descent(None, 100, 1.0, "auto", floor=71)
+    assert tried == [95, 85, 75, 72] and found[-1].estimates["device_peak"] == 72
+    assert why == "no plan fits 65 B, below the smallest peak found, 71 B"
 
 
 def test_swap_auto_keeps_the_plan_when_swaps_cost_more_time_than_its_recomputation(caplog):
