@@ -20,7 +20,6 @@ create sessions afterwards.
 """
 import logging
 import os
-import statistics
 import threading
 import time
 import weakref
@@ -443,10 +442,12 @@ def _link_session(graph):
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
-def _median_seconds(session, runs, repeats):
-    """Median seconds of each ``(fetches, feed_dict)`` of ``runs`` over ``repeats`` rounds
-    running each in turn (so a drift of the machine's speed affects each alike), after one
-    warm-up run of each (allocator growth, first-run setup)."""
+def _least_seconds(session, runs, repeats):
+    """The least seconds of each ``(fetches, feed_dict)`` of ``runs`` over ``repeats`` rounds
+    running each in turn, after one warm-up run of each (allocator growth, first-run
+    setup). The least, not the median: other work on the machine only lengthens a run, and
+    under load the medians moved the link's figures, and with them the plans that swap
+    (docs/ALGORITHM.md, "Host link")."""
     for fetches, feed_dict in runs:
         session.run(fetches, feed_dict)
     times = [[] for _ in runs]
@@ -455,10 +456,10 @@ def _median_seconds(session, runs, repeats):
             start = time.perf_counter()
             session.run(fetches, feed_dict)
             taken.append(time.perf_counter() - start)
-    return [statistics.median(taken) for taken in times]
+    return [min(taken) for taken in times]
 
 
-def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
+def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=9):
     """Measure the accelerator <-> host copy bandwidth in bytes per second.
 
     Builds a throwaway graph and session holding an ``nbytes`` float32 variable on the
@@ -469,7 +470,7 @@ def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
     Returns
     -------
     float
-        ``2 * nbytes / median round-trip time``: bytes moved per second in one direction,
+        ``2 * nbytes / the fastest round trip's time``: bytes moved per second in one direction,
         the figure a planner divides a tensor's size by to get one transfer's time.
     """
     host, nbytes = _link_arguments(host_device, nbytes, repeats)
@@ -478,10 +479,10 @@ def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=5):
         initializer, round_trip = _round_trip(host, nbytes)
         with _link_session(graph) as session:
             session.run(initializer)
-            [seconds] = _median_seconds(session, [(round_trip, None)], repeats)
+            [seconds] = _least_seconds(session, [(round_trip, None)], repeats)
     bandwidth = 2 * nbytes / seconds
     logger.info(
-        "Host bandwidth %s <-> %s: %.2f GB/s (%d bytes, median of %d round trips)",
+        "Host bandwidth %s <-> %s: %.2f GB/s (%d bytes, the fastest of %d round trips)",
         accelerator_device(), host, bandwidth / 1e9, nbytes, repeats,
     )
     return bandwidth
@@ -516,10 +517,10 @@ def measure_overlap(host_device, nbytes=64 * _MiB, *, repeats=15):
                                         (tf.constant(0), weights))
         with _link_session(graph) as session:
             session.run([initializer, matrix.initializer])
-            [copy_seconds, one] = _median_seconds(
+            [copy_seconds, one] = _least_seconds(
                 session, [(round_trip, None), (products.op, {count: 1})], repeats)
             chain = {count: max(1, round(3 * copy_seconds / one))}
-            copy_seconds, compute_seconds, both_seconds = _median_seconds(
+            copy_seconds, compute_seconds, both_seconds = _least_seconds(
                 session, [(round_trip, None), (products.op, chain),
                           ([round_trip, products.op], chain)], repeats)
     overlap = (copy_seconds + compute_seconds - both_seconds) / copy_seconds
