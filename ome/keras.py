@@ -15,6 +15,7 @@ wrapped model refuses ``jit_compile=True`` and compiles ``jit_compile="auto"`` a
 """
 import functools
 import inspect
+import itertools
 import logging
 import warnings
 
@@ -315,11 +316,35 @@ def _measured_train_function(model, step):
         measured = MeasuredSteps(build, budget=lambda: budget, plans=lambda: step.plans,
                                  updates=lambda: step.updates,
                                  host=lambda: swap_host(step.options),
+                                 replayable=lambda args: _replayable(model, args),
                                  name=f"ome.keras.wrap({model.name})")
         model.train_function = measured
         return measured
 
     return make_train_function
+
+
+def _replayable(model, args):
+    """A train function's ``(iterator,)`` with a Python iterator (``train_on_batch``'s,
+    a generator's) read into a list iterator of the batches one call takes, which a
+    second call can be given again; a ``tf.data`` iterator is read inside the traced
+    function, so a call refused while tracing has taken nothing from it."""
+    if len(args) != 1 or isinstance(args[0], (tf.data.Iterator,
+                                              tf.distribute.DistributedIterator)):
+        return args
+    batches = list(itertools.islice(args[0], model.steps_per_execution))
+    return (_Batches(batches),)
+
+
+class _Batches:
+    """An iterator over ``batches`` that starts again at each ``iter()``: each call of the
+    train function reads the same batches."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
 
 
 def _first_input(x):

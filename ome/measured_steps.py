@@ -125,11 +125,16 @@ class MeasuredSteps:
     host : callable
         ``host() -> str or None``, read after the first step: the host device the plans
         may swap to (:func:`swap_host`), whose link is measured with the profile.
+    replayable : callable
+        ``replayable(args) -> args``: a checked call's arguments made safe to pass twice,
+        as a step refused while tracing runs again with the default plan (Keras passes
+        a Python iterator of the batch, which the refused call has read).
     """
 
     def __init__(self, build, *, budget, plans, updates, name, measures=lambda: True,
-                 host=lambda: None):
+                 host=lambda: None, replayable=lambda args: args):
         self.build, self.plans, self.name, self.host = build, plans, name, host
+        self.replayable = replayable
         self.updates, self.measures = updates, measures
         self._budget, self.budget = budget, None
         self.device = memory_stats_device(None)
@@ -213,6 +218,7 @@ class MeasuredSteps:
         return out[0]
 
     def _checked(self, *args, **kwargs):
+        args = self.replayable(args)
         memory_stats(self.device, reset=True)
         try:
             out = self.step(*args, **kwargs)  # a step built again traces and plans here

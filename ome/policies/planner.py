@@ -52,8 +52,8 @@ SWAP_MIN_SAVING = 0.05
 DESCENT_SHARES = (1.0 - SWAP_MIN_SAVING, 0.85, 0.75, 0.65, 0.5)
 # Halvings of the gap between the last share that gave a plan and the one that stopped the
 # descent: the shares are a tenth of the peak apart, and the lowest plan at no more time
-# often lies between two of them.
-DESCENT_HALVINGS = 2
+# often lies between two of them. Each is a search of its own, minutes on InceptionV4.
+DESCENT_HALVINGS = 1
 
 
 def lowest_at_no_more_time(view, plan, model, pins=None, host_device=None,

@@ -639,25 +639,26 @@ def test_swap_auto_finds_the_lowest_peak_with_swaps_at_no_more_added_time(caplog
 
 
 def test_the_descent_halves_the_gap_below_its_last_share_that_gave_a_plan(monkeypatch):
-    # plans exist down to a limit of 72 (of a peak of 100): the shares stop at 0.65, the
-    # halvings try 0.70 (none) and 0.725 (one), between 0.75 and 0.65
+    # plans exist down to a limit of 68 (of a peak of 100): the shares stop at 0.65, the
+    # halving tries 0.70, between 0.75 and 0.65
+    assert planner.DESCENT_HALVINGS == 1
     tried = []
 
     def optimal(view, *, limit, **search):
         tried.append(limit)
-        if limit < 72:
+        if limit < 68:
             raise errors.BudgetError("cannot fit")
         return types.SimpleNamespace(estimates={"added_seconds": 0.0, "device_peak": limit})
 
     monkeypatch.setattr(planner, "optimal", optimal)
     found, why = planner._descent(None, 100, 1.0, "auto")
-    assert tried == [95, 85, 75, 65, 70, 72]
-    assert [plan.estimates["device_peak"] for plan in found] == [95, 85, 75, 72]
+    assert tried == [95, 85, 75, 65, 70]
+    assert [plan.estimates["device_peak"] for plan in found] == [95, 85, 75, 70]
     assert why == "no plan fits 65 B"
     # a floor (the smallest peak found) spares the searches under it
     tried.clear()
     found, why = planner._descent(None, 100, 1.0, "auto", floor=71)
-    assert tried == [95, 85, 75, 72] and found[-1].estimates["device_peak"] == 72
+    assert tried == [95, 85, 75] and found[-1].estimates["device_peak"] == 75
     assert why == "no plan fits 65 B, below the smallest peak found, 71 B"
 
 

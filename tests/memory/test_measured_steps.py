@@ -120,6 +120,30 @@ def test_a_refused_budget_the_profiled_default_plan_met_runs_that_plan(measured)
     assert step.phase == "held" and step.cost_model is not None
 
 
+def test_a_refused_call_runs_again_on_its_arguments_made_replayable(monkeypatch):
+    # a step reading its batch from a Python iterator, as Keras's train function does: the
+    # refused call has read it, so the default plan's call needs the batch again
+    monkeypatch.setattr(measured_steps, "memory_stats", _Device([80 * MiB, 0, 85 * MiB]))
+    monkeypatch.setattr(measured_steps, "profile_steps", lambda run, **kwargs: (
+        run(), CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in"))[1])
+    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: None)
+    plan = types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
+
+    def build(overrides):
+        def step(batches):
+            batch = next(iter(batches))
+            if overrides.get("memory_budget") is not None:
+                raise errors.BudgetError("cannot fit")
+            return batch
+        return step
+
+    step = measured_steps.MeasuredSteps(
+        build, budget=lambda: 100 * MiB, plans=lambda: [(plan, None)], updates=lambda: None,
+        name="step", replayable=lambda args: (list(args[0]),))
+    assert [step(iter(["a"])), step(iter(["b"])), step(iter(["c"]))] == ["a", "b", "c"]
+    assert step.fell_back
+
+
 def test_a_refused_budget_the_default_plan_exceeded_raises_naming_both(measured):
     step, _, _ = measured([104 * MiB], budget=100 * MiB, refused=True)
     step(), step()
