@@ -182,12 +182,14 @@ def _notes(args, reference, steps):
             f"(step: MiB); `loss diff`: the largest difference from plain's losses (float "
             f"rounding alone: every plan gives the same gradients; the first row, ome "
             f"without a budget, shows how far that goes); `step 1 s` / `step 3 s`: wall "
-            f"time, each tracing and planning.")
+            f"time, each tracing and planning; `plan`: the policy of the plan run last, "
+            f"`(fell back)` where every plan for the budget was refused and the step ran "
+            f"ome's default plan, which met it when profiled.")
 
 
 def _markdown(args, plain, default, reference, rows):
-    heads = ["budget", "MiB", "held MiB", "of budget", "over", "corrections", "predicted MiB",
-             "recomputed"] + (["swapped", "host MiB"] if args.swap else []) + \
+    heads = ["budget", "MiB", "held MiB", "of budget", "over", "corrections", "plan",
+             "predicted MiB", "recomputed"] + (["swapped", "host MiB"] if args.swap else []) + \
         ["loss diff", "step 1 s", "step 3 s"]
     lines = [_title(args), "", f"Command: `{command_line()}`, at commit {source_commit()}.",
              "", _notes(args, reference, args.steps), "",
@@ -201,7 +203,17 @@ def _markdown(args, plain, default, reference, rows):
             continue
         tail = f" raised: {row['error']}" if "error" in row else ""
         lines.append(f"{head} {' | '.join(_cells(row, plain, args.swap))} |{tail}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _warnings([default] + rows)) + "\n"
+
+
+def _warnings(runs):
+    """Lines listing the warnings ome logged in each run, the same one once."""
+    lines = []
+    for run in runs:
+        name = "no budget" if run.get("fraction") is None else f"{run['fraction']:.2f}"
+        for message in dict.fromkeys(run.get("warnings") or []):
+            lines.append(f"- {name}: {message}")
+    return ["", "ome's warnings, per run:", ""] + lines if lines else []
 
 
 def _cells(row, plain, swap):
@@ -214,6 +226,7 @@ def _cells(row, plain, swap):
     cells = ["-" if held is None else f"{held / _MiB:.1f}",
              "-" if held is None or row["budget"] is None else f"{held / row['budget']:.1%}",
              over, str(row["corrections"][-1] if row["corrections"] else 0),
+             row.get("policy", "-") + (" (fell back)" if row.get("fell_back") else ""),
              "-" if row.get("predicted") is None else f"{row['predicted'] / _MiB:.1f}",
              str(row.get("recomputed", "-"))]
     if swap:

@@ -13,6 +13,7 @@ Each model starts from seed 0, so plain and ome train the same weights on one fi
 Everything here imports TensorFlow on first use: the parent process never does.
 """
 import dataclasses
+import logging
 import time
 from typing import Callable, Optional
 
@@ -31,14 +32,16 @@ LM = {"layers": 4, "sequence": 128, "batch": 16, "vocab": 8000, "width": 256, "h
 class Route:
     """One way of training, ready to step.
 
-    ``step() -> loss`` runs one real training step; ``corrections()`` counts the plans ome
-    made for a lower budget after a step over it; ``plan()`` is the ``(Plan, RewriteInfo)``
+    ``step() -> loss`` runs one real training step; ``measured()`` is the step's
+    :class:`ome.measured_steps.MeasuredSteps` (None for plain TensorFlow, or before the
+    first step), whose ``corrections`` count the plans ome made for a lower budget after a
+    step over it; ``plan()`` is the ``(Plan, RewriteInfo)``
     the step runs now (None for plain TensorFlow); ``device_peak(peak)`` reads the device's
     share of the allocator's peak over the last step.
     """
 
     step: Callable[[], float]
-    corrections: Callable[[], int] = lambda: 0
+    measured: Callable[[], object] = lambda: None
     plan: Callable[[], Optional[tuple]] = lambda: None
     device_peak: Callable[[int], int] = lambda peak: peak
 
@@ -131,7 +134,7 @@ def keras_route(spec, options):
         return Route(lambda: float(model.train_on_batch(x, y)))
     model = ome.keras.wrap(model, **options)
     return Route(lambda: float(model.train_on_batch(x, y)),
-                 corrections=lambda: getattr(model.train_function, "corrections", 0),
+                 measured=lambda: model.train_function,
                  plan=lambda: ome.keras.plans(model)[-1])
 
 
@@ -160,7 +163,7 @@ def tape_route(spec, options):
     if options is None:
         return Route(lambda: float(train_step(x, y)))
     return Route(lambda: float(train_step(x, y)),
-                 corrections=lambda: getattr(train_step.steps, "corrections", 0),
+                 measured=lambda: train_step.steps,
                  plan=lambda: train_step.plans[-1] if train_step.plans else None)
 
 
@@ -189,15 +192,20 @@ def tf1_route(spec, options):
     trace = _StepTrace() if spec["swap"] else None
 
     def step():
+        measured = next(iter(session.steps.values()), None) if options is not None else None
+        # ome profiles its second run, and TensorFlow runs one profiler at a time
+        traced = trace is not None and getattr(measured, "phase", None) != "profile"
         loss, _ = session.run([made.loss, made.train_op], made.feed_dict,
-                              **({} if trace is None else trace.run_options()))
+                              **(trace.run_options() if traced else {}))
+        if trace is not None and not traced:
+            trace.metadata = None
         return float(loss)
 
     read = {} if trace is None else {"device_peak": trace.device_peak}
     if options is None:
         return Route(step, **read)
     return Route(step, **read,
-                 corrections=lambda: sum(s.corrections for s in session.steps.values()),
+                 measured=lambda: next(iter(session.steps.values()), None),
                  plan=lambda: next((session.plans(call)[-1] for call in session.steps), None))
 
 
@@ -218,8 +226,12 @@ class _StepTrace:
             trace_level=tf.compat.v1.RunOptions.FULL_TRACE), "run_metadata": self.metadata}
 
     def device_peak(self, peak):
-        """The accelerator's share of the allocator's ``peak`` over the last run."""
+        """The accelerator's share of the allocator's ``peak`` over the last run (``peak``
+        itself where the run was not traced)."""
         import ome  # pylint: disable=import-outside-toplevel
+
+        if self.metadata is None:
+            return peak
 
         records = ome.measure.per_device_memory(self.metadata)
         return ome.measure.device_peaks(records, max_mem=peak)[0]
@@ -230,38 +242,67 @@ _ROUTES = {"keras": keras_route, "tape": tape_route, "tf1": tf1_route}
 
 def train(spec):
     """Build ``spec``'s route (``spec["options"]``: ome's options, None for plain
-    TensorFlow) and run ``spec["steps"]`` steps of it; per step its device peak (the
+    TensorFlow) and run ``spec["steps"]`` steps of it: per step its device peak (the
     allocator's peak statistics reset before it; the allocator's own in
     ``allocator_peaks``), loss, wall time, corrections and the most bytes the emulated
-    host's copies held. Stops at a ``BudgetError``, whose first line goes in ``error``."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
+    host's copies held; then the last plan's facts and ome's warnings. Stops at a
+    ``BudgetError``, whose first line goes in ``error``."""
     import ome  # pylint: disable=import-outside-toplevel
 
     if spec["swap"]:
         ome.host.emulate_host()  # before any TensorFlow op of this process
-
+    warnings = _Warnings()
+    logging.getLogger("ome").addHandler(warnings)
     route = _ROUTES[spec["route"]](spec, spec["options"])
     result = {"peaks": [], "losses": [], "seconds": [], "corrections": [], "host_peaks": [],
               "allocator_peaks": []}
     try:
         for _ in range(spec["steps"]):
-            tf.config.experimental.reset_memory_stats("CPU:0")
-            ome.host.reset_emulated_host_peak()
-            start = time.perf_counter()
-            result["losses"].append(route.step())
-            result["seconds"].append(time.perf_counter() - start)
-            peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-            result["allocator_peaks"].append(peak)
-            result["peaks"].append(route.device_peak(peak))
-            result["host_peaks"].append(ome.host.emulated_host_bytes()[1])
-            result["corrections"].append(route.corrections())
+            _step(route, result)
     except ome.errors.BudgetError as err:
         result["error"] = str(err).splitlines()[0][:300]
-    record = route.plan()
-    if record is not None:
-        plan, _ = record
-        result.update(policy=plan.policy, recomputed=len(plan.recomputed),
-                      swapped=len(plan.swapped),
-                      predicted=plan.estimates.get("device_peak"))
+    result.update(_plan_facts(route), warnings=warnings.messages)
     return result
+
+
+def _step(route, result):
+    """Run one step of ``route``, appending its figures to ``result``'s lists."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import ome  # pylint: disable=import-outside-toplevel
+
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    ome.host.reset_emulated_host_peak()
+    start = time.perf_counter()
+    result["losses"].append(route.step())
+    result["seconds"].append(time.perf_counter() - start)
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    result["allocator_peaks"].append(peak)
+    result["peaks"].append(route.device_peak(peak))
+    result["host_peaks"].append(ome.host.emulated_host_bytes()[1])
+    result["corrections"].append(getattr(route.measured(), "corrections", 0))
+
+
+def _plan_facts(route):
+    """What the plan the route runs now is (empty for plain TensorFlow), and whether its
+    measured step fell back to ome's default plan because every plan for the budget was
+    refused."""
+    record = route.plan()
+    if record is None:
+        return {}
+    plan, _ = record
+    return {"policy": plan.policy, "recomputed": len(plan.recomputed),
+            "swapped": len(plan.swapped), "predicted": plan.estimates.get("device_peak"),
+            "fell_back": bool(getattr(route.measured(), "fell_back", False))}
+
+
+class _Warnings(logging.Handler):
+    """The first line of each warning ome logs, for the run's result: the reasons of a
+    plan refused or a step over its budget."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage().splitlines()[0][:400])
