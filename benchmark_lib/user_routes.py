@@ -245,8 +245,9 @@ def train(spec):
     TensorFlow) and run ``spec["steps"]`` steps of it: per step its device peak (the
     allocator's peak statistics reset before it; the allocator's own in
     ``allocator_peaks``), loss, wall time, corrections and the most bytes the emulated
-    host's copies held; then the last plan's facts and ome's warnings. Stops at a
-    ``BudgetError``, whose first line goes in ``error``."""
+    host's copies held; then the last plan's facts and ome's warnings. Stops at the first
+    exception, whose first line (and that of the one it was raised in handling) goes in
+    ``error``."""
     import ome  # pylint: disable=import-outside-toplevel
 
     if spec["swap"]:
@@ -259,8 +260,8 @@ def train(spec):
     try:
         for _ in range(spec["steps"]):
             _step(route, result)
-    except ome.errors.BudgetError as err:
-        result["error"] = str(err).splitlines()[0][:300]
+    except Exception as err:  # pylint: disable=broad-except  # the run's row says what failed
+        result["error"] = _first_lines(err)
     result.update(_plan_facts(route), warnings=warnings.messages)
     return result
 
@@ -281,6 +282,17 @@ def _step(route, result):
     result["peaks"].append(route.device_peak(peak))
     result["host_peaks"].append(ome.host.emulated_host_bytes()[1])
     result["corrections"].append(getattr(route.measured(), "corrections", 0))
+
+
+def _first_lines(err):
+    """``Type: first line`` of ``err``, and of the exception it was raised in handling."""
+    cause = err.__cause__ or err.__context__
+    said = _first_line(err)
+    return said if cause is None else f"{said} (raised while handling {_first_line(cause)})"
+
+
+def _first_line(err):
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
 
 
 def _plan_facts(route):
