@@ -261,7 +261,7 @@ def train(spec):
         for _ in range(spec["steps"]):
             _step(route, result)
     except Exception as err:  # pylint: disable=broad-except  # the run's row says what failed
-        result["error"] = _first_lines(err)
+        result.update(error=_first_lines(err), error_text=str(err)[:4000])
     result.update(_plan_facts(route), warnings=warnings.messages)
     return result
 
@@ -292,7 +292,11 @@ def _first_lines(err):
 
 
 def _first_line(err):
-    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
+    """``Type: message``'s first line, and its last where tf.function put its traceback
+    between ("in user code: ..." then the message raised in the traced step)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+    said = lines[0][:300] if len(lines) == 1 else f"{lines[0][:300]} ... {lines[-1][:300]}"
+    return f"{type(err).__name__}: {said}"
 
 
 def _plan_facts(route):
