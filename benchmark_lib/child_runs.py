@@ -1,10 +1,11 @@
 """Measurements each in a fresh process: the parent runs ``python -m <module> --child
 SPEC`` (SPEC a JSON object) and reads the one ``RESULT`` line the child prints."""
 import json
+import os
 import subprocess
 import sys
 
-__all__ = ["report", "run"]
+__all__ = ["report", "run", "write_outputs"]
 
 _PREFIX = "RESULT "
 
@@ -24,3 +25,15 @@ def run(module, spec):
             return json.loads(line[len(_PREFIX):])
     last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
     return {"error": last[0][:300]}
+
+
+def write_outputs(out, stem, doc, text):
+    """Write ``doc`` to ``out/stem.json`` and the markdown ``text`` to ``out/stem.md``
+    (``out`` made if missing), and print ``text``: what each fresh-process measurement
+    leaves behind."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.join(out, f"{stem}.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)

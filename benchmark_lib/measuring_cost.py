@@ -54,14 +54,9 @@ def main(argv=None):
         print(f"[2/2] handed the measured cost model, {args.steps} steps", file=sys.stderr,
               flush=True)
         given = _run({"budget": args.budget, "steps": args.steps, "load": saved})
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "cost.json"), "w") as f:
-        json.dump({"measured": measured, "given": given, "command": command_line(),
-                   "commit": source_commit(), "date": now()}, f, indent=1)
-    text = _markdown(measured, given, args)
-    with open(os.path.join(args.out, "cost.md"), "w") as f:
-        f.write(text)
-    print(text)
+    doc = {"measured": measured, "given": given, "command": command_line(),
+           "commit": source_commit(), "date": now()}
+    child_runs.write_outputs(args.out, "cost", doc, _markdown(measured, given, args))
     return 0
 
 

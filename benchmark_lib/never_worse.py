@@ -58,13 +58,7 @@ def main(argv=None):
     doc = {"config": config, "runs": runs, "command": command_line(), "commit": source_commit(),
            "date": now(), "machine": machine_info(),
            "load_average": {"before": load_before, "after": os.getloadavg()}}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "table.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-    text = markdown(doc)
-    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    child_runs.write_outputs(args.out, "table", doc, markdown(doc))
     return 0
 
 

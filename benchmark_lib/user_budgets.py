@@ -86,15 +86,11 @@ def main(argv=None):
         print(f"[{len(rows) + 1}/{len(fractions)}] budget {fraction} x plain = "
               f"{budget / _MiB:.1f} MiB", file=sys.stderr, flush=True)
         rows.append(dict(_run(args, _options(args, budget)), fraction=fraction, budget=budget))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "budgets.json"), "w") as f:
-        json.dump({"plain": plain, "default": default, "rows": rows, "command": command_line(),
-                   "route": args.route, "model": args.model, "swap": args.swap,
-                   "commit": source_commit(), "date": now()}, f, indent=1)
-    text = _markdown(args, plain, default, reference, rows)
-    with open(os.path.join(args.out, "budgets.md"), "w") as f:
-        f.write(text)
-    print(text)
+    doc = {"plain": plain, "default": default, "rows": rows, "command": command_line(),
+           "route": args.route, "model": args.model, "swap": args.swap,
+           "commit": source_commit(), "date": now()}
+    child_runs.write_outputs(args.out, "budgets", doc,
+                             _markdown(args, plain, default, reference, rows))
     return 0
 
 
