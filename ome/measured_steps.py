@@ -241,7 +241,7 @@ class MeasuredSteps:
         peak = memory_stats(self.device)["peak"]
         estimates = self.estimates()
         predicted = estimates.get("device_peak")
-        if self.budget is None and self._worse_than_profiled(peak, predicted):
+        if self.budget is None and self._kept_first_if_worse(peak, predicted):
             return out
         if self.budget is None or peak <= self.budget:
             if self.phase == "held":
@@ -277,10 +277,10 @@ class MeasuredSteps:
         return out
 
 
-    def _worse_than_profiled(self, peak, predicted):
+    def _kept_first_if_worse(self, peak, predicted):
         """Whether the step planned from the profile (no budget) peaked more than
-        :data:`MARGIN` above what the profiled step of its first plan did: then that plan
-        is built again and kept, as every cost policy promises no higher peak than the
+        :data:`MARGIN` above what the profiled step of its first plan did, and so was
+        replaced: then that plan is built again here and kept, as every cost policy promises no higher peak than the
         plan it starts from, and measurement is the judge of that."""
         if self.profiled_peak is None or peak <= (1 + MARGIN) * self.profiled_peak:
             return False
