@@ -29,7 +29,7 @@ from ome.tf import capture as capture_mod
 from ome import errors, measured_calls
 from ome.core import plans, sizes
 from ome.policies import planner, search, select, transformer
-from ome.tf import host, measure, rewrite, tfprivate
+from ome.tf import host, measure, rewrite, tfprivate, xla
 from ome.core.costs import STATIC, CostModel
 from ome.core.plans import Plan, make_plan
 from ome.core.schedule import Decision
@@ -604,6 +604,8 @@ def _gradients(ys, xs, grad_ys, name, tf_args, options):
     tf_options = _tf_options(*tf_args)
     options = _Options(**options)
     graph = ys[0].graph
+    if options.host_device is not None:
+        _refuse_swaps_under_xla(graph)
     scope = graph.unique_name(name or "gradients", False)
     options.model = options.model.in_scope(scope)
     forward = capture_mod.upstream_ops(ys)
@@ -636,8 +638,22 @@ def _gradients(ys, xs, grad_ys, name, tf_args, options):
 def _apply(chosen, view, graph, scope):
     if chosen.changes_nothing():
         return rewrite.RewriteInfo()
+    if chosen.swapped:
+        _refuse_swaps_under_xla(graph)
     emulated = bool(chosen.swapped) and host.is_emulated(chosen.host_device)
-    return rewrite.apply(chosen, view, graph, emulated=emulated, scope=scope + "/ome")
+    return rewrite.apply(chosen, view, graph, emulated=emulated, scope=scope + "/ome",
+                         xla=xla.compiled(graph))
+
+
+def _refuse_swaps_under_xla(graph):
+    """Swaps need ops XLA does not compile (the emulated host's ``numpy_function``) or a
+    placement on the host that XLA's one-device cluster ignores: refused there."""
+    if xla.compiled(graph):
+        raise errors.UnsupportedGraphError(
+            "swapping to the host is not available under XLA (jit_compile=True): XLA "
+            "compiles the step for one device, so a copy placed on the host stays on the "
+            "device (and the emulated host's copy cannot be compiled); recompute only "
+            "(leave out swap= and pins to 'swap'), or compile without jit_compile")
 
 
 def ordered_backprop(ys, xs, *, name="gradients"):

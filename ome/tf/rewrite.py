@@ -17,7 +17,7 @@ import networkx as nx
 import tensorflow as tf
 
 from ome import errors
-from ome.tf import capture, host, tfprivate
+from ome.tf import capture, host, tfprivate, xla as xla_mod
 from ome.core import schedule as schedule_mod
 from ome.core.graphview import GraphView
 from ome.core.schedule import Decision
@@ -33,6 +33,7 @@ class RewriteInfo:
     copied_ops: int = 0
     swapped: List[str] = field(default_factory=list)
     rerouted: int = 0
+    tied: int = 0  # copies tied to backprop by data (under XLA, ome.tf.xla)
     ordered: int = 0  # ops made to wait for the one before them in the enforced order
     added_ops: int = 0  # ops added besides tf.gradients' own
     backward_ops: int = 0
@@ -119,8 +120,10 @@ def _lookup(graph, plan, view):
     return found
 
 
-def apply(plan, view, graph, *, emulated=False, scope="ome"):
+def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
     """Add ``plan.schedule`` to ``graph``, whose backward ``view`` was captured from.
+    ``xla``: the graph is compiled by XLA, so each group's copies wait for its triggers by
+    data (:mod:`ome.tf.xla`), which XLA keeps, not by control inputs, which it drops.
 
     Returns a :class:`RewriteInfo`. Raises :class:`InvalidArgumentError` (graph
     unchanged) when the schedule names an op or tensor the graph lacks.
@@ -166,7 +169,8 @@ def apply(plan, view, graph, *, emulated=False, scope="ome"):
             if tensor not in swapped_in:
                 make_swap_in(tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
-        copies = _copy_groups(graph, view, sched, ops, decisions, swapped_in)
+        copies, info.tied = _copy_groups(graph, view, sched, ops, decisions, swapped_in,
+                                         xla=xla)
         info.event_ops.update({copies[t].op.name: ("copy", op) for op in sched.copied_ops
                                for t in view.ops[op].outputs if t in copies})
         info.held = _hold_gradients(graph, sched, ops, copies)
@@ -336,12 +340,16 @@ def _gated(tensor, waited, name):
     return gate
 
 
-def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
-    """Copy every op of every group in forward order; returns {tensor name: copy}. A
-    group's first copies, those reading no copy of the same group, wait for its triggers
-    (and its leaves); the others wait for them through the tensors they read."""
+def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
+    """Copy every op of every group in forward order; returns ({tensor name: copy}, how
+    many copies were tied by data). A group's first copies, those reading no copy of the
+    same group, wait for its triggers (and its leaves); the others wait for them through
+    the tensors they read. Under ``xla`` (:func:`_XlaTies`) the copies read the group's
+    saved inputs through an optimization barrier with the triggers' outputs, and each
+    copy reading no tied copy reads one input tied to them by data."""
     group_of = {op: g for g in sched.groups for op in g.ops}
     copies = {}
+    ties = _XlaTies(ops, decisions, group_of) if xla else None
     with tf.name_scope("recompute"):
         for name in sorted(group_of, key=view.position.__getitem__):
             original, group = ops[name], group_of[name]
@@ -354,12 +362,79 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in):
                     inputs.append(swapped_in[t.name])
                 else:
                     inputs.append(t)
-            if first:  # a recomputable op has inputs
+            if ties is not None:
+                inputs = ties.inputs(group, inputs, name)
+            elif first:  # a recomputable op has inputs
                 inputs[0] = _gated(inputs[0], [ops[t] for t in group.triggers + group.waits],
                                    name)
             copy = tfprivate.copy_op(original, inputs, name)
             copies.update(zip((t.name for t in original.outputs), copy.outputs))
-    return copies
+            if ties is not None:
+                ties.copied(original, copy)
+    return copies, (ties.count if ties is not None else 0)
+
+
+class _XlaTies:
+    """The data dependencies of recompute groups under XLA (:mod:`ome.tf.xla`)."""
+
+    def __init__(self, ops, decisions, group_of):
+        self.ops, self.decisions, self.group_of = ops, decisions, group_of
+        self.barriered = {}  # group index -> {tensor name: barrier output}
+        self.sources = {}  # group index -> barriered trigger outputs
+        self.anchored = set()  # names of tensors tied, or computed from tied copies
+        self.count = 0
+
+    def _prepare(self, group):
+        key = id(group)
+        if key in self.barriered:
+            return key
+        # one output of each trigger: what the group's copies are tied to
+        sources = []
+        for op in (self.ops[t] for t in group.triggers + group.waits):
+            out = next((t for t in op.outputs if xla_mod.can_tie(t.dtype)), None)
+            if out is not None:
+                sources.append(out)
+        saved, seen = [], set()
+        for op in group.ops:
+            for t in self.ops[op].inputs:
+                recomputed = t.op.name in self.group_of and \
+                    self.decisions.get(t.name) == Decision.RECOMPUTE
+                if not recomputed and (t.dtype.is_floating or t.dtype.is_complex) and \
+                        t.name not in seen:
+                    saved.append(t)
+                    seen.add(t.name)
+        floats = [t for t in sources if t.dtype.is_floating or t.dtype.is_complex]
+        with tf.name_scope("barrier"):
+            through = xla_mod.barrier(saved + floats)
+        self.barriered[key] = {t.name: b for t, b in zip(saved, through)}
+        passed = dict(zip((t.name for t in floats), through[len(saved):]))
+        self.sources[key] = [passed.get(t.name, t) for t in sources]
+        if not sources:
+            log.warning("ome: under XLA, recompute group of %s has no trigger output to be "
+                        "tied to: XLA may run it in the forward pass", group.ops[0])
+        return key
+
+    def inputs(self, group, inputs, name):
+        """``inputs`` of the copy of op ``name``: saved ones through the barrier, and one
+        tied to the triggers unless the copy reads a tied copy."""
+        key = self._prepare(group)
+        barriered = self.barriered[key]
+        inputs = [barriered.get(t.name, t) for t in inputs]
+        if any(t.name in self.anchored for t in inputs) or not self.sources[key]:
+            return inputs
+        # a float input where there is one (integers may be shapes XLA needs as constants)
+        tieable = [i for i, t in enumerate(inputs) if t.dtype.is_floating or t.dtype.is_complex]
+        if tieable:
+            i = tieable[0]
+            inputs[i] = xla_mod.tied(inputs[i], self.sources[key], name=name + "_tied")
+            self.anchored.add(inputs[i].name)
+            self.count += 1
+        return inputs
+
+    def copied(self, original, copy):
+        """Record that ``copy`` of ``original`` is tied when it reads a tied tensor."""
+        if any(t.name in self.anchored for t in copy.inputs):
+            self.anchored.update(t.name for t in copy.outputs)
 
 
 def _hold_gradients(graph, sched, ops, copies):

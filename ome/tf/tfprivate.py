@@ -39,8 +39,35 @@ def control_outputs(op):
 
 
 def in_v1_control_flow(op):
-    """Whether ``op`` sits inside a TF1 ``tf.while_loop``/``tf.cond`` frame."""
-    return op._get_control_flow_context() is not None  # pylint: disable=protected-access
+    """Whether ``op`` sits inside a TF1 ``tf.while_loop``/``tf.cond`` frame. The context
+    ``tf.function(jit_compile=True)`` enters while it traces (an ``XLAControlFlowContext``,
+    e.g. under ``experimental_get_compiler_ir``) is no such frame."""
+    context = op._get_control_flow_context()  # pylint: disable=protected-access
+    return context is not None and not context.IsXLAContext()
+
+
+def in_xla_compilation(graph):
+    """Whether ops built in ``graph`` are compiled by XLA: the graph, or a graph it is
+    nested in, is traced by ``tf.function(jit_compile=True)`` (which enters an XLA
+    control-flow context on the graph it is called from)."""
+    from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
+    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+
+
+def optimization_barrier(tensors):
+    """``tensors`` through one XLA optimization barrier: XLA may not move computations
+    across it nor merge what reads its outputs with what reads its inputs."""
+    from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=import-outside-toplevel
+    return list(xla.optimization_barrier(*tensors))
+
+
+def hlo_module(serialized):
+    """An ``HloProto`` parsed from ``serialized`` (what ``experimental_get_compiler_ir``
+    gives for ``stage="optimized_hlo_proto_serialized"``)."""
+    from tensorflow.compiler.xla.service import hlo_pb2  # pylint: disable=import-outside-toplevel
+    proto = hlo_pb2.HloProto()
+    proto.ParseFromString(serialized)
+    return proto
 
 
 def copy_gradient_caches(source, target):
