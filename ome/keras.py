@@ -10,8 +10,9 @@ Without a strategy, the optimizer's update ops are scheduled so that each weight
 runs when its gradient is ready (same ops and values as Keras's ``apply_gradients``; see
 ``_apply_gradients``).
 
-XLA would fuse the step again and undo the rewrite (measured in docs/KERAS.md), so a
-wrapped model refuses ``jit_compile=True`` and compiles ``jit_compile="auto"`` as False.
+A model compiled with ``jit_compile=True`` (or ``"auto"`` where Keras resolves it to XLA)
+keeps it: under XLA the rewrite ties each recomputation to backprop by data
+(:mod:`ome.tf.xla`), since XLA drops control dependencies.
 """
 import functools
 import inspect
@@ -79,7 +80,9 @@ def wrap(model, *, profile=None, **options):
     ome.errors.InvalidArgumentError
         The TensorFlow backend is not active, the class (or instance) overrides
         ``train_step``, an option is unknown, or the model is compiled with
-        ``run_eagerly=True`` or ``jit_compile=True``.
+        ``run_eagerly=True``.
+    ome.errors.UnsupportedGraphError
+        At the first step, when the model is compiled for XLA and the options swap.
 
     Examples
     --------
@@ -98,8 +101,7 @@ def wrap(model, *, profile=None, **options):
         raise errors.InvalidTypeError(
             f"ome.keras.wrap: profile must be None or a bool, got {type(profile).__name__}")
     if model.compiled:
-        _refuse_eager_or_xla(model.run_eagerly, model.jit_compile,
-                             fix="compile the model again without it")
+        _refuse_eager(model.run_eagerly, fix="compile the model again without it")
     step = vars(model).get("train_step")
     if isinstance(step, _TrainStep):
         step.options, step.overrides = options, {}
@@ -170,8 +172,7 @@ class _TrainStep:
     @tf.autograph.experimental.do_not_convert
     def __call__(self, data):
         model = self.model
-        _refuse_eager_or_xla(tf.executing_eagerly(), model.jit_compile,
-                             fix="set it back to False")
+        _refuse_eager(tf.executing_eagerly(), fix="set it back to False")
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         _check_batch_known(x, self.options)
         if model.optimizer is not None and not model.optimizer.built:
@@ -369,37 +370,25 @@ def _check_model(model):
             "tape.gradient call), and do not wrap the model")
 
 
-def _refuse_eager_or_xla(eager, jit_compile, *, fix):
-    """Raise when the train step would run eagerly or under XLA; ``fix`` ends the message."""
+def _refuse_eager(eager, *, fix):
+    """Raise when the train step would run eagerly; ``fix`` ends the message."""
     if eager:
         raise errors.InvalidArgumentError(
             "ome.keras.wrap: run_eagerly=True runs the train step eagerly, and eager "
             f"execution has no graph for ome to rewrite: {fix} (run_eagerly=False is the "
             "default), or train without ome")
-    if jit_compile is True:
-        raise errors.InvalidArgumentError(
-            "ome.keras.wrap: jit_compile=True hands the train step to XLA, which fuses it again "
-            "and undoes ome's recomputation (same peak as without ome, see docs/KERAS.md): "
-            f"{fix} (jit_compile=False; a wrapped model compiles 'auto' as False)")
 
 
 def _guarded_compile(model):
-    """``model.compile`` that refuses eager/XLA and turns ``jit_compile="auto"`` off."""
+    """``model.compile`` that refuses ``run_eagerly=True``."""
     compile_ = type(model).compile.__get__(model)
     signature = inspect.signature(compile_)
 
     @functools.wraps(compile_)
     def compile(*args, **kwargs):  # pylint: disable=redefined-builtin
         arguments = signature.bind(*args, **kwargs)
-        arguments.apply_defaults()
-        settings = arguments.arguments
-        _refuse_eager_or_xla(settings.get("run_eagerly"), settings.get("jit_compile"),
-                             fix="leave it out of compile")
-        if settings.get("jit_compile") == "auto":
-            log.info("ome.keras.wrap: jit_compile='auto' compiled as False: XLA would undo "
-                     "ome's rewrite")
-            settings["jit_compile"] = False
-        return compile_(*arguments.args, **arguments.kwargs)
+        _refuse_eager(arguments.arguments.get("run_eagerly"), fix="leave it out of compile")
+        return compile_(*args, **kwargs)
 
     return compile
 

@@ -43,8 +43,9 @@ def function(func=None, **tf_function_options):
     ----------
     func : the step's Python function (or use ``@ome.function(...)`` with options).
     **tf_function_options
-        Passed to ``tf.function`` (``input_signature``, ``reduce_retracing``, ...);
-        ``jit_compile=True`` is refused: XLA would fuse the step again and undo ome's plan.
+        Passed to ``tf.function`` (``input_signature``, ``reduce_retracing``,
+        ``jit_compile``, ...). Under ``jit_compile=True`` the tapes' recomputation is tied
+        to backprop by data (:mod:`ome.tf.xla`), and swapping is refused.
 
     Returns
     -------
@@ -66,10 +67,6 @@ def function(func=None, **tf_function_options):
     if not callable(func):
         raise errors.InvalidTypeError(
             f"ome.function needs the step's Python function, got {type(func).__name__}")
-    if tf_function_options.get("jit_compile") is True:
-        raise errors.InvalidArgumentError(
-            "ome.function: jit_compile=True hands the step to XLA, which fuses it again and "
-            "undoes ome's recomputation: leave it out")
     return _MeasuredFunction(func, tf_function_options)
 
 
