@@ -602,10 +602,11 @@ def _gradients(ys, xs, grad_ys, name, tf_args, options):
     """The body of :func:`gradients`: ``(grads, (Plan, RewriteInfo))``."""
     start = time.perf_counter()
     tf_options = _tf_options(*tf_args)
-    options = _Options(**options)
     graph = ys[0].graph
-    if options.host_device is not None:
-        _refuse_swaps_under_xla(graph)
+    if options["swap"] is not None and options["swap"] is not False or \
+            _pins_swap(options["pin"]) or options["host_device"] is not None:
+        _refuse_swaps_under_xla(graph)  # before the host device is looked for
+    options = _Options(**options)
     scope = graph.unique_name(name or "gradients", False)
     options.model = options.model.in_scope(scope)
     forward = capture_mod.upstream_ops(ys)

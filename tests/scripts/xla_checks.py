@@ -1,0 +1,184 @@
+"""ome under XLA (``tf.function(jit_compile=True)``), one check per argument.
+
+Run by tests/xla/test_xla.py (XLA's compiler IR needs eager execution, which the pytest
+process turns off). Each check prints ``OK <name>``; a failed check raises.
+
+- ``buffers``: ``ome.tf.xla.buffers`` of a function whose buffers are known by hand;
+- ``ties``: ``ome.tf.xla.tied`` passes every value of every dtype bit for bit (NaN, Inf,
+  -0.0, subnormals), and XLA keeps it apart from the tensor it ties;
+- ``mlp``: an MLP step updating its weights, plain and with ome under XLA: same loss,
+  gradients and weights, ome's plan recomputed, XLA kept the copies and allocates less;
+- ``specials``: the same gradients when the incoming gradient holds NaN, Inf and -0.0;
+- ``swap``: swapping under XLA is refused with ``ome.errors.UnsupportedGraphError``.
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ome  # noqa: E402
+from ome.tf import xla  # noqa: E402
+
+LAYERS, BATCH, WIDTH = 8, 1024, 256
+
+
+def check_buffers():
+    f = tf.function(lambda x: tf.tanh(x) * 2.0, jit_compile=True)
+    found = xla.buffers(f, tf.ones([256, 1024]))  # 1 MiB in, 1 MiB out
+    assert found.parameters == 2**20, found
+    assert 2 * 2**20 <= found.total < 2 * 2**20 + 4096, found  # + the result tuple
+    print("OK buffers", found)
+
+
+SPECIALS = [0.5, -0.0, 0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-40, -1e-42, 3e38]
+
+
+def check_ties():
+    cases = {
+        tf.float32: np.array(SPECIALS, np.float32),
+        tf.float16: np.array(SPECIALS[:7] + [6e-8, -6e-8, 6e4], np.float16),
+        tf.float64: np.array(SPECIALS + [5e-324], np.float64),
+        tf.bfloat16: np.array(SPECIALS, np.float32),
+        tf.complex64: np.array(SPECIALS, np.float32) * (1 - 1j),
+        tf.int32: np.array([0, -1, 2**31 - 1, -2**31], np.int32),
+        tf.uint8: np.array([0, 1, 255], np.uint8),
+        tf.bool: np.array([True, False]),
+    }
+    for source in (np.array([np.nan, 1], np.float32), np.array([-np.inf], np.float32),
+                   np.array([-0.0], np.float32), np.array([7], np.int64)):
+        for dtype, values in cases.items():
+            @tf.function(jit_compile=True)
+            def both(x, s):
+                return x, xla.tied(x, [s])
+
+            x = tf.cast(tf.constant(values), dtype)
+            original, passed = (t.numpy() for t in both(x, tf.constant(source)))
+            assert original.tobytes() == passed.tobytes(), (dtype, source, original, passed)
+    print("OK ties pass every value unchanged")
+
+    @tf.function(jit_compile=True)
+    def twice(x, g):  # the same op on x and on x tied to g: XLA keeps two
+        return tf.tanh(x), tf.tanh(xla.tied(x, [g]))
+
+    hlo = twice.experimental_get_compiler_ir(tf.ones([8]), tf.ones([2]))(stage="optimized_hlo")
+    assert hlo.count(" tanh(") == 2, hlo
+    assert "shift-right-logical" in hlo, hlo
+    print("OK ties not folded by XLA")
+
+
+def mlp_step(use_ome, output_gradient=None):
+    """A jit-compiled MLP step with its weights updated inside; returns (step, weights)."""
+    weights = [tf.Variable(tf.random.stateless_normal([WIDTH, WIDTH], [i, 0]) * 0.1)
+               for i in range(LAYERS)]
+    tapes = []
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        tape = ome.GradientTape() if use_ome else tf.GradientTape()
+        with tape:
+            h = x
+            for w in weights:
+                h = tf.tanh(h @ w)
+            loss = tf.reduce_sum(h)
+        target = loss if output_gradient is None else h
+        grads = tape.gradient(target, weights, output_gradients=output_gradient)
+        for w, g in zip(weights, grads):
+            w.assign_sub(0.01 * g)
+        tapes.append(tape)
+        return loss, grads
+
+    return step, weights, tapes
+
+
+def same_bits(a, b, what):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    nan = np.isnan(a)
+    assert np.array_equal(nan, np.isnan(b)), f"{what}: NaNs differ"
+    assert np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)), \
+        f"{what}: {np.max(np.abs(a[~nan] - b[~nan]))} apart"
+
+
+def recomputed_ops(module):
+    return [op for op, name in xla.instructions(module)
+            if "/ome/recompute/" in name and op in ("dot", "tanh")]
+
+
+def check_mlp():
+    x = tf.random.stateless_normal([BATCH, WIDTH], [7, 7])
+    results = {}
+    for use_ome in (False, True):
+        step, weights, tapes = mlp_step(use_ome)
+        module = xla.optimized_module(step, x)
+        loss, grads = step(x)
+        results[use_ome] = (loss.numpy(), [g.numpy() for g in grads],
+                            [w.numpy() for w in weights], xla.buffers(step, x), module, tapes)
+    plain, mine = results[False], results[True]
+    plan, info = mine[5][0].plans[0]
+    assert len(plan.recomputed) > 0 and info.tied > 0, (plan, info)
+    same_bits(plain[0], mine[0], "loss")
+    for i, (a, b) in enumerate(zip(plain[1], mine[1])):
+        same_bits(a, b, f"gradient {i}")
+    for i, (a, b) in enumerate(zip(plain[2], mine[2])):
+        same_bits(a, b, f"updated weight {i}")
+    print(f"OK mlp: loss, gradients and weights equal plain XLA's; {len(plan.recomputed)} "
+          f"tensors recomputed, {info.tied} copies tied")
+    copies = recomputed_ops(mine[4])
+    assert copies, "XLA merged every recomputed op with its original"
+    assert plain[3].parameters == mine[3].parameters, (plain[3], mine[3])
+    assert mine[3].temporary < 0.75 * plain[3].temporary, (plain[3], mine[3])
+    print(f"OK mlp: {len(copies)} recomputed dot/tanh in XLA's optimized HLO; temporary "
+          f"buffers {mine[3].temporary / 2**20:.1f} MiB against plain's "
+          f"{plain[3].temporary / 2**20:.1f}")
+
+
+def check_specials():
+    special = np.ones([BATCH, WIDTH], np.float32)
+    special[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    special[1:3] = -0.0
+    seed = tf.constant(special)
+    x = tf.random.stateless_normal([BATCH, WIDTH], [7, 7])
+    grads = {}
+    for use_ome in (False, True):
+        step, _, tapes = mlp_step(use_ome, output_gradient=seed)
+        grads[use_ome] = [g.numpy() for g in step(x)[1]]
+    plan, _ = tapes[0].plans[0]
+    assert len(plan.recomputed) > 0, plan
+    assert any(np.isnan(g).any() for g in grads[False]), "the seed made no NaN gradient"
+    for i, (a, b) in enumerate(zip(grads[False], grads[True])):
+        same_bits(a, b, f"gradient {i}")
+    print("OK specials: NaN, Inf and -0.0 in the incoming gradient give plain XLA's "
+          "gradients bit for bit")
+
+
+def check_swap():
+    w = tf.Variable(tf.ones([64, 64]))
+
+    def step_with(options):
+        @tf.function(jit_compile=True)
+        def step(x):
+            h = first = tf.tanh(x @ w)
+            for _ in range(6):
+                h = tf.tanh(h @ w)
+            return ome.gradients(tf.reduce_sum(h), [w], **options(first))
+        return step
+
+    for options in (lambda first: dict(swap="auto"), lambda first: dict(swap=[first])):
+        try:
+            step_with(options)(tf.ones([32, 64]))
+        except ome.errors.UnsupportedGraphError as err:
+            assert "XLA" in str(err) and "host" in str(err), err
+        else:
+            raise AssertionError("swapping was not refused under XLA")
+    print("OK swap refused under XLA: swap='auto' and a swap list")
+
+
+CHECKS = {"buffers": check_buffers, "ties": check_ties, "mlp": check_mlp,
+          "specials": check_specials, "swap": check_swap}
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        CHECKS[name]()
