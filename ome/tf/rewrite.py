@@ -344,7 +344,7 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
     """Copy every op of every group in forward order; returns ({tensor name: copy}, how
     many copies were tied by data). A group's first copies, those reading no copy of the
     same group, wait for its triggers (and its leaves); the others wait for them through
-    the tensors they read. Under ``xla`` (:func:`_XlaTies`) the copies read the group's
+    the tensors they read. Under ``xla`` (:class:`_XlaTies`) the copies read the group's
     saved inputs through an optimization barrier with the triggers' outputs, and each
     copy reading no tied copy reads one input tied to them by data."""
     group_of = {op: g for g in sched.groups for op in g.ops}
@@ -379,12 +379,13 @@ class _XlaTies:
 
     def __init__(self, ops, decisions, group_of):
         self.ops, self.decisions, self.group_of = ops, decisions, group_of
-        self.barriered = {}  # group index -> {tensor name: barrier output}
-        self.sources = {}  # group index -> barriered trigger outputs
+        self.barriered = {}  # id(group) -> {saved tensor name: barrier output}
+        self.sources = {}  # id(group) -> trigger outputs (floats through the barrier)
         self.anchored = set()  # names of tensors tied, or computed from tied copies
         self.count = 0
 
     def _prepare(self, group):
+        """The group's barrier and tie sources, made at its first copy; returns its key."""
         key = id(group)
         if key in self.barriered:
             return key

@@ -43,8 +43,8 @@ def can_tie(dtype):
 
 
 def barrier(tensors):
-    """``tensors`` through one XLA optimization barrier (floats only: an integer may be a
-    shape or an axis XLA needs as a compile-time constant)."""
+    """``tensors`` through one XLA optimization barrier. Give it floats only: an integer
+    may be a shape or an axis that XLA needs as a compile-time constant."""
     return tfprivate.optimization_barrier(tensors) if tensors else []
 
 

@@ -37,3 +37,8 @@ def test_swapping_under_xla_is_refused():
 def test_keras_fit_with_jit_compile_equals_plain_and_peaks_lower():
     lines = run_script("xla_keras.py")
     assert len(lines) == 2 and "losses equal" in lines[0] and "device peak" in lines[1]
+
+
+def test_ome_function_with_jit_compile_equals_plain():
+    lines = run_script("xla_checks.py", "function")
+    assert len(lines) == 1 and "losses of 4 steps equal" in lines[0]
