@@ -64,7 +64,7 @@ def run_workers(tmp_path):
     return figures, weights
 
 
-@pytest.mark.slow  # about 25 s: two TensorFlow processes, four trainings each
+@pytest.mark.slow  # 21-54 s (the 2 cores idle or busy): two processes, four trainings each
 def test_two_workers_train_as_without_ome_in_less_memory(tmp_path):
     figures, weights = run_workers(tmp_path)
     for worker in range(WORKERS):
