@@ -42,7 +42,7 @@ from ome.tf.profile import profile_steps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COST_POLICIES", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "replayed_peak",
+__all__ = ["COST_POLICIES", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "link_bytes", "replayed_peak",
            "swap_host"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
@@ -64,6 +64,12 @@ MARGIN = 0.02
 # without splitting it, more often as free chunks fragment. docs/RESULTS.md, "Keras
 # ResNet-50 under memory budgets", shows the same plan's peaks spread so.
 CREEP = 0.06
+# A link measurement's round trip holds its source and the copy back on the device at once,
+# and a read of the source may be a third buffer: its transfers are sized so that this many
+# fit in the room the step itself peaked into (:func:`link_bytes`).
+LINK_BUFFERS = 3
+# The least transfer the link is measured with, where the room is smaller still.
+LEAST_LINK_BYTES = 1 << 20
 
 
 def asks_measurement(options, *, any_policy=False):
@@ -200,8 +206,10 @@ class MeasuredSteps:
         peak = self.profiled_peak = memory_stats(self.device)["peak"]
         link = self.host()
         if link is not None:  # what a swap's round trip costs, and how much of it hides
-            costs = dataclasses.replace(costs, bandwidth=host.measure_bandwidth(link),
-                                        transfer_overlap=host.measure_overlap(link))
+            nbytes = link_bytes(peak, memory_stats(self.device)["current"], self.budget)
+            costs = dataclasses.replace(
+                costs, bandwidth=host.measure_bandwidth(link, nbytes),
+                transfer_overlap=host.measure_overlap(link, nbytes))
         self.profile_seconds = time.perf_counter() - start
         self.cost_model = costs
         self.overrides = {"cost_model": costs}
@@ -292,6 +300,17 @@ class MeasuredSteps:
         self.step = self.build(self.overrides)
         self.phase = "done"
         return True
+
+
+def link_bytes(peak, held, budget=None):
+    """Bytes per transfer of the host link's measurement: its :data:`LINK_BUFFERS` buffers
+    fit between ``held`` (what the device holds between steps) and the least of the
+    profiled step's ``peak`` and the ``budget``, so measuring never raises the device's
+    peak above the step's own; at most :data:`ome.tf.host.LINK_BYTES`, at least
+    :data:`LEAST_LINK_BYTES`, whole float32s."""
+    top = peak if budget is None else min(peak, budget)
+    room = max(0, top - held) // LINK_BUFFERS
+    return max(LEAST_LINK_BYTES, min(host.LINK_BYTES, room)) // 4 * 4
 
 
 def _format(nbytes):
