@@ -189,6 +189,40 @@ def test_the_link_measurement_moves_at_least_a_mebibyte_and_at_most_its_default(
     assert measured_steps.link_bytes(100 * MiB + 7, 0) % 4 == 0
 
 
+def test_a_step_well_under_its_budget_is_planned_again_for_half_its_overprediction_more(
+        measured):
+    # the plans predict 90 MiB; the first made from the profile measures 60 of a 100 budget
+    step, built, costs = measured([90 * MiB, 60 * MiB, 70 * MiB, 70 * MiB],
+                                  budget=100 * MiB, replayed=90 * MiB)
+    assert [step(), step(), step(), step(), step()] == [1, 1, 2, 3, 3]
+    planned = 100 * MiB - CREEP
+    assert built[1:] == [{"cost_model": costs, "memory_budget": planned},
+                         {"cost_model": costs, "memory_budget": planned + 15 * MiB}]
+    assert step.raises == measured_steps.MAX_RAISES == 1  # 70%: no second raise
+    assert step.phase == "held"
+
+
+@pytest.mark.parametrize("peak, predicted", [
+    (86 * MiB, 90 * MiB),  # within the share of the budget a plan should use
+    (80 * MiB, 79 * MiB),  # under it, but with no over-prediction to go by
+])
+def test_a_step_using_its_budget_or_not_overpredicted_is_not_raised(measured, peak, predicted):
+    step, built, _ = measured([90 * MiB, peak], budget=100 * MiB, replayed=90 * MiB)
+    step.plans = lambda: [(types.SimpleNamespace(estimates={"device_peak": predicted}), None)]
+    assert [step(), step(), step()] == [1, 1, 2]
+    assert len(built) == 2 and step.raises == 0 and step.phase == "held"
+
+
+def test_a_raised_plan_over_the_budget_is_corrected(measured):
+    step, built, costs = measured([90 * MiB, 60 * MiB, 104 * MiB, 95 * MiB],
+                                  budget=100 * MiB, replayed=90 * MiB)
+    assert [step(), step(), step(), step(), step()] == [1, 1, 2, 3, 4]
+    raised = 100 * MiB - CREEP + 15 * MiB
+    assert built[-1] == {"cost_model": costs,
+                         "memory_budget": raised - 4 * MiB - MARGIN}
+    assert step.raises == 1 and step.corrections == 1 and step.phase == "held"
+
+
 def test_a_budget_below_what_the_device_holds_is_refused_before_the_first_step(measured):
     step, built, _ = measured([50 * MiB], 100 * MiB, current=120 * MiB)
     with pytest.raises(errors.BudgetError, match="already holds 120.0 MiB"):
