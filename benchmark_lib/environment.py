@@ -1,6 +1,7 @@
 """The machine, the TensorFlow version and the workers' environment, found without importing
 TensorFlow."""
 import datetime
+import functools
 import os
 import platform
 import shlex
@@ -86,9 +87,11 @@ def command_line(argv=None):
     return shlex.join(head + argv[1:])
 
 
+@functools.cache
 def source_commit():
     """The project's git commit (12 hex digits), with ``+changes`` when tracked files
-    differ from it; None outside a git checkout."""
+    differ from it; None outside a git checkout. Read once per process: a run's first
+    call, before it measures, names the code it measured, whatever is committed later."""
     def git(*args):
         return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
                               timeout=30, check=True).stdout.strip()

@@ -47,6 +47,7 @@ def main(argv=None):
         return 0
     if args.steps <= SETTLING + 1:
         parser.error(f"--steps must be more than {SETTLING + 1}")
+    source_commit()  # the commit measured, read before the runs
     with tempfile.TemporaryDirectory() as folder:
         saved = os.path.join(folder, "cost_model.json")
         print(f"[1/2] measuring itself, {args.steps} steps", file=sys.stderr, flush=True)

@@ -52,6 +52,7 @@ def main(argv=None):
     if args.steps <= FIRST_COUNTED:
         parser.error("--steps must be at least 4: three to measure, one to count")
     models = args.models.split(",")
+    source_commit()  # the commit measured, read before the runs
     config = {"models": models, "image": args.image, "batch": args.batch, "steps": args.steps}
     load_before = os.getloadavg()
     runs = _run_all(config)

@@ -72,6 +72,7 @@ def main(argv=None):
         child_runs.report(train(json.loads(args.child)))
         return 0
     _check(parser, args)
+    source_commit()  # the commit measured, read before the runs
     fractions = [float(f) for f in args.fractions.split(",")]
     plain = _run(args, None)
     if not plain.get("peaks"):

@@ -384,7 +384,9 @@ def _policy_plan(view, options, static_bytes):
                          host_device=options.host_device, swap_ahead=options.swap_ahead)
     plan = planner.with_predictions(view, plan, options.model, static_bytes)
     if not options.user_decided():
-        plan = _no_worse_than_plain(view, plan, options.model, static_bytes)
+        assumed = options.batch_size is None and options.sizing_batch is not None
+        plan = _no_worse_than_plain(view, plan, options.model, static_bytes,
+                                    assumed_batch=options.sizing_batch if assumed else None)
     return plan
 
 
@@ -406,20 +408,25 @@ def _held(view, plan, options, static_bytes):
     return held
 
 
-def _no_worse_than_plain(view, plan, model, static_bytes):
+def _no_worse_than_plain(view, plan, model, static_bytes, *, assumed_batch=None):
     """``plan``, or plain backprop when the simulator predicts ``plan`` saves less than
     :data:`ome.policies.planner.MIN_SAVING` of plain's peak: ome never raises memory by its own
-    choice, nor rewrites the graph for nothing."""
+    choice, nor rewrites the graph for nothing. ``assumed_batch``: the rows an unknown batch
+    dimension was sized as, named in the warning (a small stand-in can hide the saving)."""
     if plan.changes_nothing():
         return plan
     plain = planner.with_predictions(view, select.keep_all(view), model, static_bytes)
     if plan.estimates["device_peak"] <= (1.0 - planner.MIN_SAVING) * \
             plain.estimates["device_peak"]:
         return plan
+    unknown = assumed_batch is not None and any(
+        None in (t.shape or ()) for t in view.tensors.values())
     log.warning("checkpoints=%r: the predicted peak (%s) is not %.1f%% below plain "
-                "backprop's (%s) on this graph, so ome builds plain tf.gradients", plan.policy,
+                "backprop's (%s) on this graph, so ome builds plain tf.gradients%s", plan.policy,
                 sizes.format_bytes(plan.estimates["device_peak"]), 100 * planner.MIN_SAVING,
-                sizes.format_bytes(plain.estimates["device_peak"]))
+                sizes.format_bytes(plain.estimates["device_peak"]),
+                f" (its batch dimension is unknown and was sized as {assumed_batch} rows: pass "
+                "batch_size=, one replica's batch, to plan at its real size)" if unknown else "")
     return dataclasses.replace(plain, policy=f"{plan.policy} (no saving: plain)")
 
 

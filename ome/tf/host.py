@@ -459,7 +459,12 @@ def _least_seconds(session, runs, repeats):
     return [min(taken) for taken in times]
 
 
-def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=9):
+#: Bytes each transfer of a link measurement moves by default: enough that a copy's fixed
+#: costs do not count, few enough to measure in a fraction of a second.
+LINK_BYTES = 64 * _MiB
+
+
+def measure_bandwidth(host_device, nbytes=LINK_BYTES, *, repeats=9):
     """Measure the accelerator <-> host copy bandwidth in bytes per second.
 
     Builds a throwaway graph and session holding an ``nbytes`` float32 variable on the
@@ -492,7 +497,7 @@ def measure_bandwidth(host_device, nbytes=64 * _MiB, *, repeats=9):
 _PRODUCT_SIDE = 512
 
 
-def measure_overlap(host_device, nbytes=64 * _MiB, *, repeats=15):
+def measure_overlap(host_device, nbytes=LINK_BYTES, *, repeats=15):
     """The share of a host <-> device round trip that runs hidden beside compute, 0 to 1.
 
     In a throwaway graph, times the round trip of ``nbytes`` alone (as

@@ -597,8 +597,10 @@ def memory_stats_device(device):
     if device is None:
         return "GPU:0" if tf.config.get_visible_devices("GPU") else "CPU:0"
     canonical = canonical_device(device)
+    # a multi-worker cluster names its devices /job:worker/replica:0/task:1/device:CPU:0;
+    # the statistics are read from this process's device of that name
     available = [logical.name for logical in tf.config.list_logical_devices()]
-    if canonical not in available:
+    if canonical not in {short_device(name) for name in available}:
         raise InvalidArgumentError(
             f"device={device!r} does not exist; the logical devices are {', '.join(available)}"
         )

@@ -1,5 +1,7 @@
 """Graphs whose batch dimension is unknown (``tf.compat.v1.placeholder([None, ...])``, the
 commonest TF1 input), and tensors with no bytes: planned, not refused, and exact."""
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -91,3 +93,21 @@ def test_a_swap_of_a_tensor_with_no_bytes_is_kept_and_the_plan_says_so(graph):
     assert "no bytes to move" in ome.explain(plan)
     got, want = run({x: np.ones((BATCH, 16), np.float32)}, grads, tf.gradients(loss, [w]))
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+def test_a_stand_in_batch_that_hides_the_saving_is_named_and_batch_size_plans_it(
+        graph, caplog):
+    # Weights (256 KiB each) outweigh activations at the stand-in batch of 64 rows
+    # (64 KiB), so no saving is predicted; at 4096 rows the activations dominate.
+    x = tf.compat.v1.placeholder(tf.float32, [None, 256])
+    h, variables = x, []
+    for i in range(16):
+        variables.append(tf.compat.v1.get_variable(f"w{i}", [256, 256]))
+        h = tf.tanh(h @ variables[-1])
+    loss = tf.reduce_sum(h)
+    with caplog.at_level(logging.WARNING, logger="ome"):
+        _, (plan, _) = ome.gradients(loss, variables, return_info=True)
+    assert plan.policy.endswith("(no saving: plain)"), plan.policy
+    assert any("sized as 64 rows: pass batch_size=" in r.getMessage() for r in caplog.records)
+    _, (plan, info) = ome.gradients(loss, variables, batch_size=4096, return_info=True)
+    assert plan.recomputed and info.copied_ops, plan.policy

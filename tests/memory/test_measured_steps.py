@@ -32,7 +32,7 @@ class _Device:
 
 @pytest.fixture
 def measured(monkeypatch):
-    def make(peaks, budget, *, replayed=None, refused=False, current=0):
+    def make(peaks, budget, *, replayed=None, refused=False, current=0, link=None):
         device = _Device(peaks, current)
         costs = CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in")
         monkeypatch.setattr(measured_steps, "memory_stats", device)
@@ -55,7 +55,7 @@ def measured(monkeypatch):
 
         step = measured_steps.MeasuredSteps(
             build, budget=lambda: budget, plans=lambda: [(plan, None)],
-            updates=lambda: None, name="step")
+            updates=lambda: None, name="step", host=lambda: link)
         return step, built, costs
     return make
 
@@ -160,6 +160,68 @@ def test_still_over_the_budget_after_its_corrections_raises(measured):
     with pytest.raises(errors.BudgetError, match="measured 104.0 MiB over the budget"):
         step()
     assert len(built) == 2 + measured_steps.MAX_CORRECTIONS
+
+
+@pytest.mark.parametrize("budget, expected", [
+    (None, 10 * MiB),  # a third of the 30 MiB the step peaked into above the 120 held
+    (135 * MiB, 5 * MiB),  # a third of the 15 MiB the budget leaves
+])
+def test_the_host_link_is_measured_in_the_room_the_step_peaked_into(measured, monkeypatch,
+                                                                      budget, expected):
+    moved = []
+
+    def link(figure):
+        return lambda device, nbytes: moved.append(nbytes) or figure
+    monkeypatch.setattr(measured_steps.host, "measure_bandwidth", link(1e9))
+    monkeypatch.setattr(measured_steps.host, "measure_overlap", link(0.5))
+    step, built, costs = measured([150 * MiB, 150 * MiB], budget, replayed=150 * MiB,
+                                  current=120 * MiB, link="/device:CPU:1")
+    step()
+    step()
+    assert moved == [expected, expected]
+    assert built[-1]["cost_model"].bandwidth == 1e9
+    assert built[-1]["cost_model"].transfer_overlap == 0.5
+
+
+def test_the_link_measurement_moves_at_least_a_mebibyte_and_at_most_its_default():
+    assert measured_steps.link_bytes(10 * MiB, 10 * MiB) == measured_steps.LEAST_LINK_BYTES
+    assert measured_steps.link_bytes(10 * 2**30, MiB) == measured_steps.host.LINK_BYTES
+    assert measured_steps.link_bytes(100 * MiB + 7, 0) % 4 == 0
+
+
+def test_a_step_well_under_its_budget_is_planned_again_for_half_its_overprediction_more(
+        measured):
+    # the plans predict 90 MiB; the first made from the profile measures 60 of a 100 budget
+    step, built, costs = measured([90 * MiB, 60 * MiB, 70 * MiB, 72 * MiB, 72 * MiB],
+                                  budget=100 * MiB, replayed=90 * MiB)
+    assert [step() for _ in range(6)] == [1, 1, 2, 3, 4, 4]
+    planned = 100 * MiB - CREEP
+    assert built[1:] == [{"cost_model": costs, "memory_budget": planned},
+                         {"cost_model": costs, "memory_budget": planned + 15 * MiB},
+                         {"cost_model": costs, "memory_budget": planned + 25 * MiB}]
+    assert step.raises == measured_steps.MAX_RAISES == 2  # 72%: no third raise
+    assert step.phase == "held"
+
+
+@pytest.mark.parametrize("peak, predicted", [
+    (86 * MiB, 90 * MiB),  # within the share of the budget a plan should use
+    (80 * MiB, 79 * MiB),  # under it, but with no over-prediction to go by
+])
+def test_a_step_using_its_budget_or_not_overpredicted_is_not_raised(measured, peak, predicted):
+    step, built, _ = measured([90 * MiB, peak], budget=100 * MiB, replayed=90 * MiB)
+    step.plans = lambda: [(types.SimpleNamespace(estimates={"device_peak": predicted}), None)]
+    assert [step(), step(), step()] == [1, 1, 2]
+    assert len(built) == 2 and step.raises == 0 and step.phase == "held"
+
+
+def test_a_raised_plan_over_the_budget_is_corrected(measured):
+    step, built, costs = measured([90 * MiB, 60 * MiB, 104 * MiB, 95 * MiB],
+                                  budget=100 * MiB, replayed=90 * MiB)
+    assert [step(), step(), step(), step(), step()] == [1, 1, 2, 3, 4]
+    raised = 100 * MiB - CREEP + 15 * MiB
+    assert built[-1] == {"cost_model": costs,
+                         "memory_budget": raised - 4 * MiB - MARGIN}
+    assert step.raises == 1 and step.corrections == 1 and step.phase == "held"
 
 
 def test_a_budget_below_what_the_device_holds_is_refused_before_the_first_step(measured):

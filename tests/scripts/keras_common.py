@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 import ome  # noqa: E402
@@ -54,3 +55,24 @@ def one_step(x, y, batch_size, **kwargs):
         return model.fit(x, y, batch_size=batch_size, epochs=1, steps_per_epoch=1,
                          shuffle=False, verbose=0, **kwargs)
     return fit
+
+
+def replica_step(strategy, model, tape_class, global_batch, tapes):
+    """A train step for ``strategy.run``: momentum SGD on the sparse cross-entropy averaged
+    over ``global_batch``, its gradient from ``tape_class``; each traced tape is appended to
+    ``tapes``. The step returns the replica's loss."""
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+        optimizer.build(model.trainable_variables)  # slots made outside tf.function
+    losses = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def step(inputs, labels):
+        with tape_class() as tape:
+            per_example = losses(labels, model(inputs, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        tapes.append(tape)
+        return loss
+
+    return step

@@ -20,7 +20,8 @@ import numpy as np  # noqa: E402
 import keras  # noqa: E402
 
 import ome  # noqa: E402
-from keras_common import assert_ome_rewrote, assert_same_weights, twins  # noqa: E402
+from keras_common import (  # noqa: E402
+    assert_ome_rewrote, assert_same_weights, replica_step, twins)
 
 STEPS, GLOBAL_BATCH = 3, 256
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -39,18 +40,8 @@ def custom_loop(tape_class):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = mlp()
-        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-        optimizer.build(model.trainable_variables)  # slots made outside tf.function
-    losses = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     tapes = []
-
-    def step(inputs, labels):
-        with tape_class() as tape:
-            per_example = losses(labels, model(inputs, training=True))
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        tapes.append(tape)
+    step = replica_step(strategy, model, tape_class, GLOBAL_BATCH, tapes)
 
     @tf.function
     def distributed_step(batch):
