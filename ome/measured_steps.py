@@ -46,8 +46,8 @@ from ome.tf.profile import profile_steps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COST_POLICIES", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "link_bytes", "replayed_peak",
-           "swap_host"]
+__all__ = ["COST_POLICIES", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "link_bytes",
+           "replayed_peak", "swap_host"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
@@ -289,14 +289,12 @@ class MeasuredSteps:
                 f"{format_bytes(self.budget)} (predicted {_format(predicted)}) after "
                 f"{MAX_CORRECTIONS} plans for a lower budget; give a larger budget, or a "
                 "host device to swap to")
-        target = self.overrides.get("memory_budget") or self.budget
-        target -= peak - self.budget + int(MARGIN * self.budget)
+        target = self._planned_for() - (peak - self.budget + int(MARGIN * self.budget))
         log.info("%s: measured %s over the budget of %s (predicted %s): planned again for "
                  "%s", self.name, format_bytes(peak), format_bytes(self.budget),
                  _format(predicted), format_bytes(target))
-        self.overrides = dict(self.overrides, memory_budget=target)
         self.corrections += 1
-        self.step = self.build(self.overrides)
+        self._plan_again_for(target)
         return out
 
 
@@ -307,21 +305,30 @@ class MeasuredSteps:
         if self.budget is None or self.fell_back or self.raises == MAX_RAISES or \
                 predicted is None or peak >= USE * self.budget or predicted <= peak:
             return False
-        target = self.overrides.get("memory_budget") or self.budget
-        target += int((predicted - peak) // 2)
+        target = self._planned_for() + int((predicted - peak) // 2)
         log.info("%s: measured %s, %.0f%% of the budget of %s (predicted %s): planned again "
                  "for %s", self.name, format_bytes(peak), 100 * peak / self.budget,
                  format_bytes(self.budget), _format(predicted), format_bytes(target))
-        self.overrides = dict(self.overrides, memory_budget=target)
         self.raises += 1
-        self.step = self.build(self.overrides)
+        self._plan_again_for(target)
         return True
+
+    def _planned_for(self):
+        """The budget the running plan was made for (the user's, until a plan was made
+        for another)."""
+        return self.overrides.get("memory_budget") or self.budget
+
+    def _plan_again_for(self, target):
+        """Build the step again, planned for a budget of ``target`` bytes."""
+        self.overrides = dict(self.overrides, memory_budget=target)
+        self.step = self.build(self.overrides)
 
     def _kept_first_if_worse(self, peak, predicted):
         """Whether the step planned from the profile (no budget) peaked more than
         :data:`MARGIN` above what the profiled step of its first plan did, and so was
-        replaced: then that plan is built again here and kept, as every cost policy promises no higher peak than the
-        plan it starts from, and measurement is the judge of that."""
+        replaced: then that plan is built again here and kept, as every cost policy
+        promises no higher peak than the plan it starts from, and measurement is the judge
+        of that."""
         if self.profiled_peak is None or peak <= (1 + MARGIN) * self.profiled_peak:
             return False
         log.info("%s: profiled one step (%.1f s) and planned again: predicted %s, measured %s, "

@@ -379,16 +379,17 @@ class _XlaTies:
 
     def __init__(self, ops, decisions, group_of):
         self.ops, self.decisions, self.group_of = ops, decisions, group_of
-        self.barriered = {}  # id(group) -> {saved tensor name: barrier output}
-        self.sources = {}  # id(group) -> trigger outputs (floats through the barrier)
+        # id(group) -> ({saved tensor name: barrier output}, trigger outputs, the floats
+        # through the barrier)
+        self.prepared = {}
         self.anchored = set()  # names of tensors tied, or computed from tied copies
         self.count = 0
 
     def _prepare(self, group):
-        """The group's barrier and tie sources, made at its first copy; returns its key."""
+        """The group's barrier and tie sources, made at its first copy."""
         key = id(group)
-        if key in self.barriered:
-            return key
+        if key in self.prepared:
+            return self.prepared[key]
         # one output of each trigger: what the group's copies are tied to
         sources = []
         for op in (self.ops[t] for t in group.triggers + group.waits):
@@ -400,34 +401,32 @@ class _XlaTies:
             for t in self.ops[op].inputs:
                 recomputed = t.op.name in self.group_of and \
                     self.decisions.get(t.name) == Decision.RECOMPUTE
-                if not recomputed and (t.dtype.is_floating or t.dtype.is_complex) and \
-                        t.name not in seen:
+                if not recomputed and _floating(t) and t.name not in seen:
                     saved.append(t)
                     seen.add(t.name)
-        floats = [t for t in sources if t.dtype.is_floating or t.dtype.is_complex]
+        floats = [t for t in sources if _floating(t)]
         with tf.name_scope("barrier"):
             through = xla_mod.barrier(saved + floats)
-        self.barriered[key] = {t.name: b for t, b in zip(saved, through)}
         passed = dict(zip((t.name for t in floats), through[len(saved):]))
-        self.sources[key] = [passed.get(t.name, t) for t in sources]
         if not sources:
             log.warning("ome: under XLA, recompute group of %s has no trigger output to be "
                         "tied to: XLA may run it in the forward pass", group.ops[0])
-        return key
+        self.prepared[key] = ({t.name: b for t, b in zip(saved, through)},
+                              [passed.get(t.name, t) for t in sources])
+        return self.prepared[key]
 
     def inputs(self, group, inputs, name):
         """``inputs`` of the copy of op ``name``: saved ones through the barrier, and one
         tied to the triggers unless the copy reads a tied copy."""
-        key = self._prepare(group)
-        barriered = self.barriered[key]
+        barriered, sources = self._prepare(group)
         inputs = [barriered.get(t.name, t) for t in inputs]
-        if any(t.name in self.anchored for t in inputs) or not self.sources[key]:
+        if any(t.name in self.anchored for t in inputs) or not sources:
             return inputs
         # a float input where there is one (integers may be shapes XLA needs as constants)
-        tieable = [i for i, t in enumerate(inputs) if t.dtype.is_floating or t.dtype.is_complex]
+        tieable = [i for i, t in enumerate(inputs) if _floating(t)]
         if tieable:
             i = tieable[0]
-            inputs[i] = xla_mod.tied(inputs[i], self.sources[key], name=name + "_tied")
+            inputs[i] = xla_mod.tied(inputs[i], sources, name=name + "_tied")
             self.anchored.add(inputs[i].name)
             self.count += 1
         return inputs
@@ -436,6 +435,12 @@ class _XlaTies:
         """Record that ``copy`` of ``original`` is tied when it reads a tied tensor."""
         if any(t.name in self.anchored for t in copy.inputs):
             self.anchored.update(t.name for t in copy.outputs)
+
+
+def _floating(tensor):
+    """Whether ``tensor`` holds floats (real or complex): what a barrier may take and a tie
+    may be added to."""
+    return tensor.dtype.is_floating or tensor.dtype.is_complex
 
 
 def _hold_gradients(graph, sched, ops, copies):
