@@ -96,11 +96,13 @@ if measured.kept_first:  # traced again: the same plan under new tensor names
     assert (last[0].policy, len(last[0].recomputed)) == (first[0].policy,
                                                         len(first[0].recomputed))
 ceiling = (1 + measured_steps.MARGIN) * measured.profiled_peak
-assert max(unbudgeted_peaks[4:]) <= ceiling + 2**20, (unbudgeted_peaks, measured.profiled_peak)
+# after the first and profiled runs, the judged ones, and a first plan's rebuilt first run
+settled = unbudgeted_peaks[2 + measured_steps.JUDGED_RUNS + 1:]
+assert max(settled) <= ceiling + 2**20, (unbudgeted_peaks, measured.profiled_peak)
 np.testing.assert_allclose(unbudgeted_losses, plain_losses, rtol=1e-4)
 print("OK a step with ome's default policy and no budget is measured and planned again "
       f"once, never above its first plan: {'the first' if measured.kept_first else 'the new'}"
-      f" plan kept, {max(unbudgeted_peaks[4:]) / 2**20:.1f} MiB against the first plan's "
+      f" plan kept, {max(settled) / 2**20:.1f} MiB against the first plan's "
       f"{measured.profiled_peak / 2**20:.1f}")
 
 kept = loop(ome.function, lambda: ome.GradientTape(checkpoints="none"))
