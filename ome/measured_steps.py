@@ -68,8 +68,8 @@ DEFAULT_PLAN = {"memory_budget": None, "swap": False}
 COST_POLICIES = ("auto", "speed", "optimal")
 #: Runs that judge a plan made from the profile without a budget, each over its first
 #: plan, before that plan is built again: the first run of a rebuilt step creates its
-#: kernels and, swapping, its first transfers, so it can peak a fifth higher than the runs
-#: after it (a swapping ResNet-50 on the emulated host).
+#: kernels and, swapping, its first transfers, so it can peak higher than the runs after
+#: it (docs/ALGORITHM.md, section 6).
 JUDGED_RUNS = 2
 # Share of the budget a correction leaves free beyond what the step exceeded it by: the
 # same plan's peak varies from step to step (which free chunk a buffer gets, which of two
