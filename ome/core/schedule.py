@@ -302,8 +302,9 @@ def events(view, sched, reads):
     return list(nx.lexicographical_topological_sort(graph, key=index.__getitem__))
 
 
-# Gradient sums Grappler's arithmetic optimizer regroups across their addends'
-# producers: a wait on an addend would change the summation order, and the sum's last bits.
+# Sums Grappler's arithmetic optimizer regroups across their addends' producers, in
+# backprop and in the copies: a wait on an addend or an inner sum would change the grouping,
+# and the sum's last bits (a recomputed residual block's output, amplified by batch norm).
 UNCHAINED_SUMS = frozenset({"AddN", "Add", "AddV2"})
 
 
@@ -314,8 +315,9 @@ def enforced_order(view, sched, reads):
     swap-ins and the main backward ops (:attr:`GraphView.main`). Left unchained: ops in
     TF1 loops and conds (an edge into their frame is invalid), ops with no input that can
     wait (only resource or reference inputs), backward ops off the gradient flow (shapes,
-    constants, ``2 * x``: a wait would keep Grappler from folding them) and the gradient
-    sums (:data:`UNCHAINED_SUMS`); they run when their inputs are ready, as replayed.
+    constants, ``2 * x``: a wait would keep Grappler from folding them) and the sums,
+    backprop's and recomputed ones (:data:`UNCHAINED_SUMS`); they run when their inputs
+    are ready, as replayed.
     ``reads``: :func:`event_reads` for the same schedule."""
     def chained(kind, name):
         if kind in ("swap_in", "swap_out"):
@@ -376,8 +378,8 @@ def chained_op(view, name, *, copy=False):
     """Whether :func:`enforced_order` chains op ``name`` (or its recomputed ``copy``), so
     that it runs alone rather than beside other kernels."""
     op = view.ops[name]
-    if not copy and (name not in view.main or not op.reroutable or name in view.maybe_dead
-                     or op.type in UNCHAINED_SUMS):
+    if op.type in UNCHAINED_SUMS or not copy and (
+            name not in view.main or not op.reroutable or name in view.maybe_dead):
         return False
     return any(can_wait(view, t) for t in op.inputs)
 

@@ -203,8 +203,10 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in):
     unless it reads it already, and each pair of ``Schedule.side_by_side`` both wait for
     the event before the pair and the next event for both; returns how many were made to
     wait. An op waits through an identity of its first input that can wait
-    (:func:`_gated`), a swap-in (ome's own op) through a control input. ``reads``: the
-    schedule's :func:`ome.core.schedule.event_reads`."""
+    (:func:`_gated`), a swap-in (ome's own op) through a control input. The pairs
+    TensorFlow merges into one kernel stay whole (:func:`_merged_units`), so a copy runs
+    the kernel its original runs. ``reads``: the schedule's
+    :func:`ome.core.schedule.event_reads`."""
     sched = plan.schedule
 
     def real(kind, name):
@@ -217,17 +219,20 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in):
     chain = _respecting_dependencies(
         graph, [real(*event) for event in schedule_mod.enforced_order(view, sched, reads)])
     pairs = set(sched.side_by_side)
-    steps = []  # ops that run at once, each waiting for the step before
-    for op in chain:
-        if steps and len(steps[-1]) == 1 and (steps[-1][0].name, op.name) in pairs:
-            steps[-1].append(op)
+    steps = []  # units (an op and the ops merged into it) that run at once
+    for unit in _merged_units(graph, chain):
+        if steps and len(steps[-1]) == 1 and (steps[-1][0][0].name, unit[0].name) in pairs:
+            steps[-1].append(unit)
         else:
-            steps.append([op])
+            steps.append([unit])
     swap_ins = {t.op for t in swapped_in.values()}
-    waited = 0
+    waited, relays = 0, {}
     for before, step in zip(steps, steps[1:]):
-        for op in step:
-            waits = [b for b in before
+        # a unit's ends: what no op of its unit reads
+        ends = [(b, len(unit) > 1) for unit in before for b in unit
+                if not any(t.op is b for other in unit for t in other.inputs)]
+        for op in (unit[0] for unit in step):
+            waits = [relays.setdefault(b, _relayed(b)) if merged else b for b, merged in ends
                      if b not in op.control_inputs and not any(t.op is b for t in op.inputs)]
             if not waits:
                 continue
@@ -238,6 +243,79 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in):
                 tfprivate.update_input(op, i, _gated(op.inputs[i], waits, op.name))
             waited += 1
     return waited
+
+
+def _relayed(op):
+    """An op that runs right after ``op``, for another op to wait for: ``op``'s output
+    through a protected identity (Grappler's remapper did not merge a BiasAdd that an op
+    waited for by a control input)."""
+    with tf.device(op.device):
+        relay = tf.identity(op.outputs[0], name=op.name + "_done")
+    tfprivate.protect_from_grappler(relay.op)
+    return relay.op
+
+
+def _merged_units(graph, chain):
+    """``chain`` cut into units, each an op and the ops merged into it, so that the chain
+    keeps the merges of :func:`merged_pairs` whole: the second op of a pair (a BiasAdd, the
+    Conv2D reading a Pad, a BiasAddGrad) moved to right after its partner, the ops chained
+    between them that do not depend on the partner moved before it (a recomputed Keras
+    convolution's bias reshape), those that do after the pair. Only the unit's first op
+    waits for the step before (through its first input: it has no control input a merge
+    would refuse), and the next step waits for the unit's ends. A pair whose second op
+    depends on an op that must come after the partner is left to :func:`_keep_apart`."""
+    position = {op: i for i, op in enumerate(chain)}
+    found = [(op, partner) for op, _, partner in merged_pairs(graph)
+             if op in position and partner in position]
+    if not found:
+        return [[op] for op in chain]
+    deps = dependencies(graph)
+    order = list(chain)
+    for op, partner in sorted(found, key=lambda pair: -position[pair[1]]):
+        order = _placed_after(deps, order, op, partner)
+    partner_of = dict(found)
+    units = []
+    for op in order:
+        if units and partner_of.get(op) is units[-1][-1]:
+            units[-1].append(op)
+        else:
+            units.append([op])
+    return units
+
+
+def _placed_after(deps, order, op, partner):
+    """``order`` with ``op`` right after ``partner`` (both in it), or unchanged when the
+    graph's dependencies ``deps`` forbid it."""
+    i, j = order.index(partner), order.index(op)
+    if j < i:  # op reads what partner reads: it moves later, past nothing that needs it
+        later = nx.descendants(deps, op.name)
+        if any(other.name in later for other in order[j + 1:i + 1]):
+            return order
+        return order[:j] + order[j + 1:i + 1] + [op] + order[i + 1:]
+    after = nx.descendants(deps, partner.name)
+    late = [other for other in order[i + 1:j] if other.name in after]
+    if any(nx.has_path(deps, other.name, op.name) for other in late):
+        return order
+    early = [other for other in order[i + 1:j] if other.name not in after]
+    return order[:i] + early + [partner, op] + late + order[j + 1:]
+
+
+# Activations Grappler's remapper merges into a convolution or matmul with its bias.
+MERGED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
+
+
+def merged_pairs(graph):
+    """``(op, input index, op it merges with)`` for the pairs TensorFlow merges into one
+    kernel on CPU: :func:`onednn_merges`', a MatMul with the BiasAdd reading it, and such a
+    BiasAdd after a Conv2D or MatMul with the activation reading it (Grappler's remapper,
+    with or without oneDNN)."""
+    yield from onednn_merges(graph)
+    for op in graph.get_operations():
+        if op.type == "BiasAdd" and op.inputs[0].op.type == "MatMul":
+            yield op, 0, op.inputs[0].op
+        elif op.type in MERGED_ACTIVATIONS and op.inputs[0].op.type == "BiasAdd" and \
+                op.inputs[0].op.inputs[0].op.type in ("Conv2D", "MatMul"):
+            yield op, 0, op.inputs[0].op
 
 
 def onednn_merges(graph):

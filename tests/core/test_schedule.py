@@ -180,12 +180,12 @@ def test_skip_connection_keeps_the_skip_and_rebuilds_the_branch():
 def test_the_enforced_order_chains_the_gradient_flow_and_copies_as_replayed():
     """The rewrite chains these events, so the executor runs them as the simulator
     replays. Not chained: the seed (off the gradient flow: nothing it waits for) and the
-    gradient sum (Grappler regroups sums across their addends)."""
+    sums, backprop's and the recomputed one (Grappler regroups sums across their addends)."""
     view = skip_connection()
     plan = select.recompute_plan(view, ["a:0"], "test")
     reads = schedule.event_reads(view, plan.schedule, plan.decisions())
     chained = schedule.enforced_order(view, plan.schedule, reads)
-    assert chained == [("copy", "b"), ("copy", "c"), ("copy", "s"), ("copy", "d"),
+    assert chained == [("copy", "b"), ("copy", "c"), ("copy", "d"),
                        ("op", "g_d"), ("op", "g_c"), ("op", "g_b"), ("op", "g_a0")]
     events = schedule.events(view, plan.schedule, reads)
     assert sorted(chained, key=events.index) == chained

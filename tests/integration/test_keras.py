@@ -22,6 +22,11 @@ def test_one_step_equals_keras_on_resnet50():
     assert run_script("keras_resnet.py")[0].startswith("OK step resnet50")
 
 
+def test_one_float32_step_of_resnet50_equals_keras_bit_for_bit():
+    # the recomputed copies take the kernels and sums of the ops they copy (oneDNN on or off)
+    assert run_script("keras_resnet_bits.py")[0].startswith("OK bits resnet50")
+
+
 def test_updates_run_as_gradients_arrive_with_the_same_weights():
     lines = run_script("keras_updates.py")
     assert lines[0].startswith("OK updates same weights")
