@@ -126,19 +126,25 @@ def _measure(spec, lock):
             details["info"] = info
             # session_config keeps the emulated host device even when the strategy sets a config
             config = host.session_config(made["built"].config)
-            with lock.exclusive() if spec.timed else contextlib.nullcontext(0.0) as waited:
+            # a step that asked ome for a measured plan measures itself, as in a user's
+            # script: its first runs, before the measured ones, profile and plan it again
+            measuring = bool(measured_calls.calls(graph))
+            # what such a step measures (op times, the host link) and a swap's timing
+            # change with what else runs on the cores: those steps run alone
+            alone = spec.timed or measuring or bool(info.get("swapped"))
+            with lock.exclusive() if alone else contextlib.nullcontext(0.0) as waited:
                 details["measure_wait_s"] = round(waited, 3)
-                # a step that asked ome for a measured plan measures itself, as in a user's
-                # script: its first runs, before the measured ones, profile and plan it again
-                measuring = bool(measured_calls.calls(graph))
                 session_type = ome.Session if measuring else tf.compat.v1.Session
                 with session_type(graph=graph, config=config) as session:
                     session.run(step.init_op)
                     if measuring:
-                        details["measured_steps"] = _settle(session, step, info)
+                        details["measured_steps"] = _settle(session, step)
                     m = measure(session, step.train_op, step.feed_dict,
                                 warmup=spec.warmup, steps=spec.steps, trace=True,
                                 allocator_records=spec.profile)
+                    if measuring:  # the plan the measured steps ran
+                        (call,) = session.steps
+                        info.update(baselines.plan_facts(*session.plans(call)[-1]))
     except (errors.OutOfMemoryError, tf.errors.ResourceExhaustedError, errors.BudgetError) as exc:
         # a planner that cannot meet memory_budget says the batch does not fit: oom, not error
         return Row(**base, status="oom", reason=_first_lines(exc)), details
@@ -170,11 +176,10 @@ def _measure(spec, lock):
     return row, details
 
 
-def _settle(session, step, info):
+def _settle(session, step):
     """Run ``step`` in the ``ome.Session`` until each measured call has planned again from
-    its profile (or stopped measuring); ``info`` then holds the last plan's facts. Returns
-    the runs it took and the seconds its profile took."""
-    import baselines
+    its profile (or stopped measuring). Returns the runs it took and the seconds its
+    profile took."""
     from ome.measured_steps import MAX_CORRECTIONS
 
     runs = 0
@@ -182,8 +187,7 @@ def _settle(session, step, info):
             steps.phase in ("held", "done") for steps in session.steps.values())):
         session.run(step.train_op, step.feed_dict)
         runs += 1
-    (call, steps), = session.steps.items()
-    info.update(baselines.plan_facts(*session.plans(call)[-1]))
+    (steps,) = session.steps.values()
     return {"runs": runs, "profile_seconds": round(steps.profile_seconds, 3),
             "corrections": steps.corrections}
 

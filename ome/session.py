@@ -100,18 +100,23 @@ class _Builds:
         self.scope = call.record[1].scope
         self.downstream = _downstream(self.graph, call.grads, self.scope)  # validated here
         self.records = []
+        self.made = []  # (overrides, table, record) of each build made, oldest first
         self.table = {}  # what the user fetches -> what the current build runs instead
         self.fetches = None  # the fetches of the run being measured
 
     def build(self, overrides):
         """``step(fetches, feed_dict, options, run_metadata)`` running the call built with
-        ``overrides``; built at its first run (where a refusal raises: no op has run)."""
-        built = []
+        ``overrides``; built at its first run (where a refusal raises: no op has run).
+        Overrides an earlier build was made with run that build again: built anew, it
+        would be planned on the graph as the builds since have grown it."""
+        chosen = []
 
         def step(fetches, feed_dict, options, run_metadata):
-            if not built:
-                built.append(self._built(overrides))
-            self.table, self.fetches = built[0], fetches
+            if not chosen:
+                chosen.append(self._made(overrides))
+                self.records.append(chosen[0][1])
+                self.scope = chosen[0][1][1].scope
+            self.table, self.fetches = chosen[0][0], fetches
             mapped = tf.nest.map_structure(self._mapped, fetches)
             return tf.compat.v1.Session.run(self.session, mapped, feed_dict, options,
                                             run_metadata)
@@ -122,14 +127,20 @@ class _Builds:
         mapped = tf.nest.map_structure(self._mapped, self.fetches)
         return gradient_updates(self.graph, mapped, scope=self.scope)
 
+    def _made(self, overrides):
+        """``(table, record)`` of the build made with ``overrides``, made now if no
+        earlier build was."""
+        for made_with, table, record in self.made:
+            if made_with == overrides:
+                return table, record
+        table, record = self._built(overrides)
+        self.made.append((overrides, table, record))
+        return table, record
+
     def _built(self, overrides):
         if overrides == DEFAULT_PLAN and self.call.default_plan:
-            self.records.append(self.call.record)
-            self.scope = self.call.record[1].scope
-            return {}
+            return {}, self.call.record
         grads, record = self.call.build(overrides)
-        self.records.append(record)
-        self.scope = record[1].scope
         table = {}
         for old, new in zip(self.call.grads, grads):
             for old_tensor, new_tensor in zip(_components(old), _components(new)):
@@ -142,7 +153,7 @@ class _Builds:
                 tfprivate.add_control_inputs(copy, [table.get(c, c) for c in op.control_inputs])
                 table[op] = copy
                 table.update(zip(op.outputs, copy.outputs))
-        return table
+        return table, record
 
     def _mapped(self, fetch):
         try:

@@ -248,7 +248,8 @@ def test_a_budget_below_what_the_device_holds_is_refused_before_the_first_step(m
         "OK measured plan", "OK measured runs within the budget",
         "OK the measured session's losses and weights are the plain session's",
         "OK a call built after the session exists runs the default plan it built",
-        "OK a budget below what the device holds is refused before any update"]),
+        "OK a budget below what the device holds is refused before any update",
+        "OK a plan undone for its first runs the first build again"]),
     ("function_measured.py", [  # a custom loop's ome.GradientTape under ome.function
         "OK measured plan", "OK measured calls within the budget",
         "OK measured losses follow the plain loop",

@@ -117,3 +117,21 @@ with tf.Graph().as_default():
         for got, want in zip(sess.run(weights), before):
             np.testing.assert_array_equal(got, want)
 print("OK a budget below what the device holds is refused before any update")
+
+# a plan made from the profile that measures over the first plan is undone: the session
+# runs the first build again, not a new build of the same options on the grown graph
+ome.measured_steps.MARGIN = -1.0  # every peak is over the first plan's
+with tf.Graph().as_default():
+    loss, train_op, _ = build(lambda ys, xs: ome.gradients(ys, xs, checkpoints="speed"))
+    with ome.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        train(sess, loss, train_op, steps=2 + ome.measured_steps.JUDGED_RUNS)
+        (call,) = sess.steps
+        ops = len(sess.graph.get_operations())
+        train(sess, loss, train_op, steps=2)
+        (steps,) = sess.steps.values()
+        built = sess.plans(call)
+        assert steps.kept_first and steps.phase == "done", (steps.kept_first, steps.phase)
+        assert built[-1] is built[0] and len(built) == 3, built
+        assert len(sess.graph.get_operations()) == ops, "the first plan was built anew"
+print("OK a plan undone for its first runs the first build again")
