@@ -102,5 +102,6 @@ def profile_step(build_model, sample, batch, memory):
     steps = model.train_function
     view = ome_keras.plans(model)[0][1].view
     return {"view": view.to_json(), "costs": steps.cost_model.to_json(),
-            "peak": steps.profiled_peak, "planned_budget": steps.overrides["memory_budget"],
+            "peak": steps.profiled_peak,
+            "planned_budget": int(steps.overrides["memory_budget"]),
             "batch_bytes": int(sum(a.nbytes for a in keras.tree.flatten(data)))}

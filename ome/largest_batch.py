@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["LargestBatch", "Probe", "largest_batch", "largest_plain_batch"]
 
-#: Seconds each predicted batch's plan may search (``optimal``'s ``time_limit``): plans
-#: for a large batch of ResNet-50 searched for more than 18 minutes without one, and the
-#: prediction is a first estimate, which the confirmed search measures anyway.
+#: Seconds each predicted batch's plan may search (``optimal``'s ``time_limit``): without
+#: one, the plans of a large batch of ResNet-50 searched for many minutes each, and the
+#: prediction is a first estimate, which the confirmed search measures anyway
+#: (docs/KERAS.md, "The largest batch in a budget").
 PLAN_SECONDS = 60.0
 #: The least number of steps a confirmed batch trains: ome's default plan, its profile,
 #: and the plan made for the budget from what it measured.
@@ -64,24 +65,28 @@ class Probe:
 @dataclass(frozen=True)
 class LargestBatch:
     """What :func:`largest_batch` (or :func:`largest_plain_batch`) found within ``memory``
-    bytes: the ``predicted`` largest batch (None for plain Keras), the ``confirmed`` one
-    and its measured ``peak``; the probes of each search in the order they ran; ``capped``
-    when the cap itself was confirmed (the true limit may be higher)."""
+    bytes: the ``predicted`` largest batch (None for plain Keras, or not predicted), the
+    ``confirmed`` one and its measured ``peak`` (None when not confirmed); the probes of
+    each search in the order they ran; ``capped`` when the cap itself was confirmed (the
+    true limit may be higher); ``with_ome``: False for plain Keras."""
 
     memory: int
     predicted: Optional[int]
-    confirmed: int
-    peak: int
+    confirmed: Optional[int]
+    peak: Optional[int]
     predicted_probes: Tuple[Probe, ...] = ()
     confirmed_probes: Tuple[Probe, ...] = ()
     capped: bool = False
+    with_ome: bool = True
 
     def __str__(self):
-        kind = "plain Keras" if self.predicted is None else "ome"
-        lines = [f"largest batch within {format_bytes(self.memory)} ({kind}): "
-                 f"{self.confirmed}{'+ (the cap)' if self.capped else ''} confirmed, peak "
-                 f"{format_bytes(self.peak)}"
-                 + ("" if self.predicted is None else f"; {self.predicted} predicted")]
+        found = [] if self.confirmed is None else [
+            f"{self.confirmed}{'+ (the cap)' if self.capped else ''} confirmed, peak "
+            f"{format_bytes(self.peak)}"]
+        if self.predicted is not None:
+            found.append(f"{self.predicted} predicted")
+        lines = [f"largest batch within {format_bytes(self.memory)} "
+                 f"({'ome' if self.with_ome else 'plain Keras'}): {'; '.join(found)}"]
         for title, probes in (("predicted", self.predicted_probes),
                               ("measured", self.confirmed_probes)):
             lines += [f"  {title} {probe}" for probe in probes]
@@ -89,7 +94,7 @@ class LargestBatch:
 
 
 def largest_batch(build_model, memory, sample, *, start=8, cap=None, steps=5, resolution=1,
-                  plan_seconds=PLAN_SECONDS):
+                  plan_seconds=PLAN_SECONDS, predict=True, confirm=True):
     """The largest batch ``ome.keras.wrap(build_model(), memory_budget=memory)`` trains at.
 
     Recompute only: the budget's plans keep or recompute each tensor, none is swapped to
@@ -128,6 +133,9 @@ def largest_batch(build_model, memory, sample, *, start=8, cap=None, steps=5, re
         model, so a coarser resolution saves minutes.
     plan_seconds : float
         Seconds each predicted batch's plan may search (:data:`PLAN_SECONDS`).
+    predict, confirm : bool
+        Run the predicted search (else the confirmed one starts at ``start``), the
+        confirmed one (else ``confirmed`` and ``peak`` are None); both by default.
 
     Returns
     -------
@@ -148,13 +156,29 @@ def largest_batch(build_model, memory, sample, *, start=8, cap=None, steps=5, re
             not plan_seconds > 0:
         raise errors.InvalidArgumentError(
             f"plan_seconds must be a positive number of seconds, got {plan_seconds!r}")
-    profile = _profile(payload, start, budget)
-    predicted = largest_fitting(_predicting(profile, plan_seconds), start=start, cap=cap,
-                                resolution=resolution)
-    planned = _probes(predicted, profile["probes"])
-    confirmed = _confirmed(payload, budget, steps, start=max(1, predicted.best), cap=cap,
+    for what, value in (("predict", predict), ("confirm", confirm)):
+        if not isinstance(value, bool):
+            raise errors.InvalidTypeError(f"{what} must be a bool, got {type(value).__name__}")
+    if not (predict or confirm):
+        raise errors.InvalidArgumentError("predict=False and confirm=False leave nothing to "
+                                          "search: keep one of them True")
+    predicted, planned = None, ()
+    if predict:
+        profile = _profile(payload, start, budget)
+        result = largest_fitting(_predicting(profile, plan_seconds), start=start, cap=cap,
+                                 resolution=resolution)
+        predicted, planned = result.best, _probes(result, profile["probes"])
+        start = max(1, predicted)
+    if not confirm:
+        if predicted == 0:
+            raise errors.BudgetError(
+                f"ome.largest_batch: not even batch 1 fits in {format_bytes(budget)} by the "
+                f"planner: {planned[-1].reason}")
+        return LargestBatch(memory=budget, predicted=predicted, confirmed=None, peak=None,
+                            predicted_probes=planned)
+    confirmed = _confirmed(payload, budget, steps, start=start, cap=cap,
                            resolution=resolution, wrap=True, planned=planned)
-    return dataclasses.replace(confirmed, predicted=predicted.best, predicted_probes=planned)
+    return dataclasses.replace(confirmed, predicted=predicted, predicted_probes=planned)
 
 
 def largest_plain_batch(build_model, memory, sample, *, start=8, cap=None, steps=5,
@@ -305,4 +329,4 @@ def _confirmed(payload, budget, steps, *, start, cap, resolution, wrap, planned)
             + (f"; the planner: {prediction[0].reason}" if prediction else ""))
     return LargestBatch(memory=budget, predicted=None, confirmed=result.best,
                         peak=probes[result.best].peak, confirmed_probes=_probes(result, probes),
-                        capped=result.capped)
+                        capped=result.capped, with_ome=wrap)

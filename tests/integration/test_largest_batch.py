@@ -81,6 +81,8 @@ def _not_picklable():
     (dict(cap=4), ValueError, "cap must be None or an int >= start"),
     (dict(resolution=1.5), ValueError, "resolution must be a positive int"),
     (dict(plan_seconds=0), ValueError, "plan_seconds must be a positive number"),
+    (dict(predict="yes"), TypeError, "predict must be a bool"),
+    (dict(predict=False, confirm=False), ValueError, "nothing to search"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(monkeypatch, change, error,
                                                               fragment):
