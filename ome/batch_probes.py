@@ -17,17 +17,20 @@ __all__ = ["train_steps", "profile_step"]
 
 
 class _StepPeaks(keras.callbacks.Callback):
-    """The device's peak in each train step (its statistics reset as each step begins)."""
+    """The device's peak in each train step (its statistics reset as each step begins);
+    training stops after a step over ``memory`` (None: never), whose batch cannot fit."""
 
-    def __init__(self, device):
+    def __init__(self, device, memory=None):
         super().__init__()
-        self.device, self.peaks = device, []
+        self.device, self.memory, self.peaks = device, memory, []
 
     def on_train_batch_begin(self, batch, logs=None):
         memory_stats(self.device, reset=True)
 
     def on_train_batch_end(self, batch, logs=None):
         self.peaks.append(memory_stats(self.device)["peak"])
+        if self.memory is not None and self.peaks[-1] > self.memory:
+            self.model.stop_training = True
 
 
 def _batch(sample, batch):
@@ -54,9 +57,10 @@ def _model(build_model):
     return model
 
 
-def _fit(model, data, steps, device):
-    """``model.fit`` for ``steps`` steps of one repeated batch: the peak of each step."""
-    peaks = _StepPeaks(device)
+def _fit(model, data, steps, device, memory=None):
+    """``model.fit`` for ``steps`` steps of one repeated batch (stopped after a step over
+    ``memory``): the peak of each step."""
+    peaks = _StepPeaks(device, memory)
     dataset = tf.data.Dataset.from_tensors(data).repeat()
     model.fit(dataset, steps_per_epoch=steps, epochs=1, shuffle=False, verbose=0,
               callbacks=[peaks])
@@ -67,7 +71,8 @@ def train_steps(build_model, sample, batch, steps, memory, wrap):
     """Train ``build_model()`` (``ome.keras.wrap(model, memory_budget=memory)`` when
     ``wrap``) for ``steps`` steps of ``sample(batch)``.
 
-    Returns ``{"peaks": [device peak of each step], "refused": ""}``, or with
+    Returns ``{"peaks": [device peak of each step], "refused": ""}`` (the last step the
+    first over ``memory``, where one is), or with
     ``"refused"`` the reason the run stopped: ome's ``BudgetError`` (no plan fits, or a
     step stayed over the budget), or TensorFlow's out-of-memory error.
     """
@@ -77,7 +82,7 @@ def train_steps(build_model, sample, batch, steps, memory, wrap):
     if wrap:
         ome_keras.wrap(model, memory_budget=memory)
     try:
-        peaks = _fit(model, data, steps, device)
+        peaks = _fit(model, data, steps, device, memory)
     except errors.BudgetError as err:
         return {"peaks": [], "refused": str(err)}
     except (tf.errors.ResourceExhaustedError, errors.OutOfMemoryError) as err:

@@ -106,7 +106,8 @@ def largest_batch(build_model, memory, sample, *, start=8, cap=None, steps=5, re
     batch: a batch fits when, in a fresh process, the wrapped model trains ``steps``
     steps of ``sample(batch)`` with every step's device peak within ``memory`` (its first
     steps included, which run ome's default plan while it measures itself), and ome
-    refuses no plan. Each probe logs one line (batch, peak, fits or not).
+    refuses no plan; its training stops at the first step over the budget. Each probe logs
+    one line (batch, peak, fits or not).
 
     Parameters
     ----------
@@ -309,8 +310,7 @@ def _confirmed(payload, budget, steps, *, start, cap, resolution, wrap, planned)
         if run["refused"]:
             probe = Probe(batch, False, reason=run["refused"])
         elif peak > budget:
-            over = [str(i + 1) for i, p in enumerate(run["peaks"]) if p > budget]
-            probe = Probe(batch, False, peak=peak, reason=f"step {', '.join(over)} of "
+            probe = Probe(batch, False, peak=peak, reason=f"step {len(run['peaks'])} of "
                           f"{steps} over the budget of {format_bytes(budget)}")
         else:
             probe = Probe(batch, True, peak=peak)
