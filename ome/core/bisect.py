@@ -48,8 +48,9 @@ def largest_fitting(fits: Callable[[int], bool], *, start: int = 1,
 
     >>> largest_fitting(lambda b: b <= 37).best
     37
-    >>> largest_fitting(lambda b: b <= 37, start=8, resolution=4)
-    BisectResult(best=36, probes=((8, True), (16, True), (32, True), (64, False), (48, False), (40, False), (36, True)), capped=False, first_over=40)
+    >>> found = largest_fitting(lambda b: b <= 37, start=8, resolution=4)
+    >>> found.best, found.first_over, [batch for batch, _ in found.probes]
+    (36, 40, [8, 16, 32, 64, 48, 40, 36])
     """
     _positive_int(start, "start")
     _positive_int(resolution, "resolution")
