@@ -107,7 +107,9 @@ def largest_batch(build_model, memory, sample, *, start=8, cap=None, steps=5, re
     steps of ``sample(batch)`` with every step's device peak within ``memory`` (its first
     steps included, which run ome's default plan while it measures itself), and ome
     refuses no plan; its training stops at the first step over the budget. Each probe logs
-    one line (batch, peak, fits or not).
+    one line (batch, peak, fits or not). ``plan_seconds`` does not bound a confirmed
+    probe: its plans are ``ome.gradients``'s, which end by their own rules, and on a large
+    model one probe can take many minutes (docs/KERAS.md, "The largest batch in a budget").
 
     Parameters
     ----------
