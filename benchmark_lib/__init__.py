@@ -14,8 +14,8 @@ Modules, one job each:
   :mod:`~benchmark_lib.storage`: rows and the files they are written to.
 - :mod:`~benchmark_lib.report`, :mod:`~benchmark_lib.plots`: Markdown tables and PNG plots;
   :mod:`~benchmark_lib.progress`: what the user sees meanwhile.
-- :mod:`~benchmark_lib.bisect`: the largest-batch search; :mod:`~benchmark_lib.units`,
-  :mod:`~benchmark_lib.environment`: small helpers.
+- :mod:`~benchmark_lib.units`, :mod:`~benchmark_lib.environment`: small helpers (the
+  largest-batch search is :mod:`ome.core.bisect`'s).
 
 Only the worker imports TensorFlow (and the modes that need it, once arguments are checked);
 the metrics themselves are defined in :mod:`ome.measure`.

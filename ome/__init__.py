@@ -9,6 +9,7 @@
     with ome.Session() as sess: ...                 # a TF1 session whose budgets are measured
     model = ome.keras.wrap(model)                   # Keras 3 model.fit (imports keras)
     ome.memory_timeline(record, run_step, "step.png")  # one step's memory, drawn
+    ome.largest_batch(build_model, "512MiB", sample)  # the largest Keras batch that fits
 
 Names are imported on first use, so the layers below TensorFlow (``ome.core``,
 ``ome.policies``) import without it. The layout: docs/ALGORITHM.md, section "Layout".
@@ -28,6 +29,8 @@ _EXPORTS = {
     "GradientTape": "tape", "function": "step_function", "Session": "session",
     "CostModel": "core.costs", "Decision": "core.plans", "Plan": "core.plans",
     "explain": "core.plans", "memory_timeline": "timeline",
+    "largest_batch": "largest_batch", "largest_plain_batch": "largest_batch",
+    "LargestBatch": "largest_batch",
 }
 
 __all__ = ["errors", *_EXPORTS, "keras", "pipeline", "host", "estimate"]

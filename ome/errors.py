@@ -54,3 +54,7 @@ class OutOfMemoryError(OmeError, RuntimeError):
 class DeviceError(OmeError, RuntimeError):
     """TensorFlow's runtime lacks a device ome needs (no host to swap to, devices fixed too late)
     or keeps no memory statistics for the measured device."""
+
+
+class ProcessDiedError(OmeError, RuntimeError):
+    """A process ome started for a measurement ended before it answered."""

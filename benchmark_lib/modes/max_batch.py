@@ -3,7 +3,6 @@ import os
 import time
 
 from benchmark_lib import plots, report, resume
-from benchmark_lib.bisect import largest_fitting
 from benchmark_lib.config import ConfigError, RunKey, from_args
 from benchmark_lib.modes import MEASURING_OPTIONS, Mode
 from benchmark_lib.pool import Pool
@@ -11,6 +10,7 @@ from benchmark_lib.progress import Console
 from benchmark_lib.runner import Runner, describe, guarded
 from benchmark_lib.storage import MaxBatchResult
 from benchmark_lib.units import format_duration, format_mib, one_line, plural
+from ome.core.bisect import largest_fitting
 
 
 def prepare(args):

@@ -258,7 +258,7 @@ def smallest_budget(peak, static_bytes, model=STATIC):
 
 
 def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
-               pins=None, hold_gradients=False):
+               pins=None, hold_gradients=False, time_limit=None):
     """Keep / recompute / swap per tensor, for the least added time, so the simulated
     device peak plus ``static_bytes`` fits ``budget``.
 
@@ -266,8 +266,10 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     with a ``host_device``). ``static_bytes`` (what stays allocated between steps:
     variables, optimizer slots, or a profile's ``resident_bytes``) count against the
     budget; :func:`headroom` of the budget is left free (:func:`budget_limit`).
-    ``hold_gradients``: as :func:`ome.policies.search.optimal`'s. Raises :class:`BudgetError`
-    naming the smallest reachable peak when nothing fits.
+    ``hold_gradients``, ``time_limit``: as :func:`ome.policies.search.optimal`'s (the
+    time limit for each of its searches: one, or a second for the smallest peak when the
+    first finds no plan). Raises :class:`BudgetError` naming the smallest reachable peak
+    when nothing fits.
     """
     budget = parse_bytes(budget, what="memory budget")
     limit = budget_limit(budget, static_bytes, model)
@@ -277,8 +279,8 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
             f"take {format_bytes(static_bytes)} and {headroom(model):.0%} of the budget is "
             "left free")
     try:
-        plan = optimal(view, limit=limit, model=model, pins=pins,
-                               host_device=host_device, hold_gradients=hold_gradients)
+        plan = optimal(view, limit=limit, model=model, pins=pins, host_device=host_device,
+                       hold_gradients=hold_gradients, time_limit=time_limit)
     except errors.BudgetError as err:
         smallest = getattr(err, "smallest", None)
         if smallest is None:
@@ -286,7 +288,7 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
         # the search for the least time under a limit can miss a plan its search for the
         # smallest peak finds: a budget that plan meets is not refused
         lowest = optimal(view, model=model, pins=pins, host_device=host_device,
-                         hold_gradients=hold_gradients)
+                         hold_gradients=hold_gradients, time_limit=time_limit)
         lowest_peak = lowest.estimates["device_peak"]  # simulated, as limit is
         if lowest_peak <= limit:
             return _chosen(view, lowest, "budget:optimal", budget, model, static_bytes)

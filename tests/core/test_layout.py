@@ -24,7 +24,8 @@ LAYERS = {"ome": "base", "ome.errors": "base", "ome.core": "core", "ome.policies
           "ome.keras": "front doors", "ome.patch": "front doors", "ome.host": "front doors",
           "ome.timeline": "front doors", "ome.measured_steps": "front doors",
           "ome.step_function": "front doors", "ome.session": "front doors",
-          "ome.measured_calls": "front doors",
+          "ome.measured_calls": "front doors", "ome.largest_batch": "front doors",
+          "ome.batch_probes": "front doors",
           "ome.measure": "front doors", "ome.pipeline": "pipeline", "ome.estimate": "estimate"}
 TENSORFLOW = ("tensorflow", "keras")
 

@@ -17,7 +17,6 @@ import pytest
 
 import benchmark
 from benchmark_lib import catalog, cli, config, plots, progress, protocol, report, resume, runner
-from benchmark_lib.bisect import largest_fitting
 from benchmark_lib.config import ConfigError, RunKey
 from benchmark_lib.modes import (all_modes, frontier, interleaved, max_batch, simulator_check,
                                  sweep)
@@ -40,53 +39,6 @@ def _row(strategy, model="resnet50", batch=4, status="ok", peak=200 * MiB, cost=
                memory_cost_bytes=cost, host_rss_bytes=900 * MiB, step_time_s=time_s,
                step_time_q1_s=time_s - spread / 2, step_time_q3_s=time_s + spread / 2,
                timed_steps=5, images_per_s=batch / time_s, rewrite_time_s=0.5, **extra)
-
-
-# ----------------------------------------------------------------------------------------
-# The batch search
-# ----------------------------------------------------------------------------------------
-
-
-def _counting(limit):
-    calls = []
-
-    def fits(batch):
-        calls.append(batch)
-        return batch <= limit
-    return fits, calls
-
-
-@pytest.mark.parametrize("limit", [1, 2, 3, 5, 7, 8, 9, 37, 64, 87, 100, 211, 214])
-@pytest.mark.parametrize("start", [1, 3, 16])
-def test_bisection_finds_the_exact_boundary_probing_each_batch_once(limit, start):
-    fits, calls = _counting(limit)
-    result = largest_fitting(fits, start=start)
-    assert result.best == limit and not result.capped
-    assert len(calls) == len(set(calls))
-    assert [b for b, _ in result.probes] == calls
-    assert all(ok == (b <= limit) for b, ok in result.probes)
-    assert len(calls) <= 2 * (limit.bit_length() + start.bit_length()) + 2
-
-
-@pytest.mark.parametrize("start", [1, 4])
-def test_bisection_when_nothing_fits(start):
-    fits, calls = _counting(0)
-    result = largest_fitting(fits, start=start)
-    assert result.best == 0 and not result.capped
-    assert 1 in calls  # it went down to batch 1 before giving up
-
-
-def test_bisection_stops_at_the_cap():
-    fits, calls = _counting(10**6)
-    result = largest_fitting(fits, start=1, cap=100)
-    assert result.best == 100 and result.capped and max(calls) == 100
-    assert not largest_fitting(lambda b: b <= 70, start=1, cap=100).capped
-
-
-@pytest.mark.parametrize("kwargs", [{"start": 0}, {"start": 1.5}, {"start": 8, "cap": 4}])
-def test_bisection_rejects_bad_arguments(kwargs):
-    with pytest.raises(ValueError):
-        largest_fitting(lambda b: True, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------
