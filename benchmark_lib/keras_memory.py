@@ -53,6 +53,7 @@ peak by kind (weight gradients, activations, checkpoints, ...; :mod:`benchmark_l
 import argparse
 import functools
 import json
+import logging
 import os
 import re
 import statistics
@@ -205,8 +206,9 @@ def _run_child(args, model, variant, plain):
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False,
                               timeout=args.child_timeout)
-    except subprocess.TimeoutExpired:
-        return dict(row, error=f"timed out: stopped after {args.child_timeout:.0f} s")
+    except subprocess.TimeoutExpired as stopped:
+        return dict(row, error=f"timed out: stopped after {args.child_timeout:.0f} s "
+                               f"(last logged: {_last_line(stopped.stderr)})")
     row["wall_seconds"] = round(time.perf_counter() - start, 1)
     for line in done.stdout.splitlines():
         if line.startswith("EXPLAIN "):
@@ -214,9 +216,16 @@ def _run_child(args, model, variant, plain):
         if line.startswith("RESULT "):
             row.update(json.loads(line[len("RESULT "):]))
             return row
-    last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-    row["error"] = f"process ended with code {done.returncode}: {last[0]}"
+    row["error"] = f"process ended with code {done.returncode}: {_last_line(done.stderr)}"
     return row
+
+
+def _last_line(stderr):
+    """The last line a child wrote to stderr (bytes when it was stopped), 300 characters
+    at most."""
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
+    last = [line for line in text.splitlines() if line.strip()][-1:] or ["nothing"]
+    return last[0][:300]
 
 
 def _batch_size(args, model):
@@ -370,7 +379,11 @@ def _variant_label(variant):
 
 
 def _child(spec):
-    """Measure ``spec``; a variant that raises is a result with its error's first line."""
+    """Measure ``spec``; a variant that raises is a result with its error's first line.
+    ome's log goes to stderr from level INFO: a child stopped for its time says in which
+    phase it was."""
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("ome").setLevel(logging.INFO)
     try:
         return _measure(spec)
     except Exception as err:  # pylint: disable=broad-except  (a crash is a measurement)
