@@ -363,10 +363,13 @@ def _plot(doc, path):
 
 
 def _status(row):
-    """What a row without ratios is: skipped, crashed, or measured without a plain run."""
+    """What a row without ratios is: skipped, timed out, crashed, or measured without a
+    plain run."""
     if "skipped" in row:
         return "skipped"
-    return "crashed" if "error" in row else "no plain run"
+    if "error" in row:
+        return "timed out" if row["error"].startswith("timed out") else "crashed"
+    return "no plain run"
 
 
 def _variant_label(variant):
