@@ -151,21 +151,31 @@ def _variants(model, chosen):
 
 
 def _measured(args):
-    """A table document of one run: every (model, variant) of ``args``, measured."""
+    """A table document of one run: every (model, variant) of ``args``, measured. With
+    ``--out``, ``table.json`` is written after each row: a run stopped midway keeps what
+    it measured."""
     source_commit()  # the commit measured, read before the runs
-    load_before = os.getloadavg()
-    rows = []
+    config = {key: getattr(args, key) for key in (
+        "models", "variants", "steps", "warmup", "mlp_batch", "resnet_batch", "resnet_size",
+        "budget_fraction", "replicas", "ome_options")}
+    load = {"before": os.getloadavg(), "after": os.getloadavg()}
+    part = {"command": command_line(), "commit": source_commit(), "date": now(),
+            "machine": machine_info(), "config": config, "load_average": load, "rows": []}
+    rows = part["rows"]
     for model in args.models:
         for variant in _variants(model, args.variants):
             rows.append(_run_child(args, model, variant, _plain(rows, model)))
             print(_row_line(rows[-1], _plain(rows, model)), flush=True)
-    config = {key: getattr(args, key) for key in (
-        "models", "variants", "steps", "warmup", "mlp_batch", "resnet_batch", "resnet_size",
-        "budget_fraction", "replicas", "ome_options")}
-    part = {"command": command_line(), "commit": source_commit(), "date": now(),
-            "machine": machine_info(), "config": config,
-            "load_average": {"before": load_before, "after": os.getloadavg()}, "rows": rows}
+            load["after"] = os.getloadavg()
+            if args.out:
+                _save(args.out, {"parts": [part]})
     return {"parts": [part]}
+
+
+def _save(out, doc):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "table.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
 
 
 def _merged(paths):
