@@ -37,17 +37,21 @@ devices, the batch being the global one (each replica gets half). The logical CP
 share one allocator, so peak and transient are both replicas' together; each replica runs
 the same rewritten step, so the sum falls as each replica's peak does.
 
-    python -m benchmark_lib.keras_memory --models resnet50 mlp --out results/keras-a
-    python -m benchmark_lib.keras_memory --models llama bert vit --out results/keras-b
-    python -m benchmark_lib.keras_memory --merge results/keras-a/table.json \\
-        results/keras-b/table.json --out docs/results/keras-memory
+    python -m benchmark_lib.keras_memory --models resnet50 --out results/km-resnet50
+    python -m benchmark_lib.keras_memory --models llama bert vit mlp --child-timeout 300 \\
+        --out results/km-rest
+    python -m benchmark_lib.keras_memory --merge results/km-resnet50/table.json \\
+        results/km-rest/table.json --out docs/results/keras-memory
 
 Without ``--out`` the table is printed only. ``--out`` writes ``table.md`` (opening with
 its command, commit, date and machine; each row a ratio to the model's plain run),
 ``table.json`` and ``table.png`` (per model, transient and step time against plain's, by
-variant) into the folder; ``--merge`` makes one table of several runs' ``table.json``.
-The default (every model and variant) takes about 40 minutes on 2 cores. ``--explain``
-also traces one step of each variant in a TF1 session and prints the buffers alive at its
+variant) into the folder (``table.json`` after each cell, so a stopped run keeps what it
+measured); ``--merge`` makes one table of several runs' ``table.json``. A cell taking
+more than ``--child-timeout`` seconds (900) is stopped and recorded as timed out, with the
+last line ome logged. On 2 cores the keras_hub models and the MLP take about 9 minutes,
+ResNet-50's plain and ``RematScope`` cells under a minute each, and its ``ome`` cell
+more than 15 minutes. ``--explain`` also traces one step of each variant in a TF1 session and prints the buffers alive at its
 peak by kind (weight gradients, activations, checkpoints, ...; :mod:`benchmark_lib.keras_peak`).
 """
 import argparse
