@@ -15,7 +15,10 @@ setup(
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
-        "plots": ["matplotlib", "tqdm"],  # benchmark.py's plots and progress bar
+        "plots": ["matplotlib", "tqdm"],
+        # keras_hub's models in benchmark_lib.keras_memory; it pulls in tensorflow-text and
+        # the full tensorflow: beside tensorflow-cpu, pip install --no-deps keras-hub tokenizers
+        "hub": ["keras-hub"],  # benchmark.py's plots and progress bar
         # pytest-xdist: the suite runs on two workers (README's test command)
         "test": ["pytest>=7", "pytest-xdist", "matplotlib", "hypothesis"],
     },

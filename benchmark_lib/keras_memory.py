@@ -1,41 +1,63 @@
 """Keras ``fit``: peak memory and step time of plain Keras, Keras's remat and ome.
 
-Two models: Keras's ResNet-50 at a small size (64x64 images, batch 32, 10 classes) and an
-MLP of 30 ``Dense(1024, tanh)`` layers at batch 2048. For each, the training step of
-``fit`` (momentum SGD, XLA off) is measured with:
+The models: Keras's ResNet-50 at a small size (``resnet50``: 64x64 images, batch 32, 10
+classes), an MLP of 30 ``Dense(1024, tanh)`` layers at batch 2048 (``mlp``), and three
+keras_hub task models with random weights (:mod:`benchmark_lib.hub_models`): a Llama
+causal LM with grouped-query attention and rotary embeddings (``llama``), a BERT text
+classifier (``bert``) and a vision transformer classifier (``vit``). keras_hub is
+optional (``pip install --no-deps keras-hub tokenizers``); without it those models'
+rows say so and are skipped. For each model, the training step of ``fit`` (momentum
+SGD, XLA off) is measured with:
 
 - ``plain``: Keras as it is;
 - ``remat:<mode>``: the model built inside ``keras.RematScope(mode)`` for each mode
   (``full``, ``activations``, ``larger_than`` with a 512-element threshold,
-  ``list_of_layers`` naming every Dense/Conv2D layer);
+  ``list_of_layers`` naming every Dense/EinsumDense/Conv2D layer, nested ones included);
 - ``remat-blocks`` (MLP only): the hidden layers grouped by five, each group's call under
   ``keras.remat`` (hand-written checkpointing);
 - ``ome``: ``ome.keras.wrap(model, **options)``, by default with no options
   (``--ome-options '{"checkpoints": "memory"}'`` passes some);
-- ``ome:keras-update``: the same, but with Keras's own ``apply_gradients`` (its gradient
-  all-reduce, and update ops not waiting for their gradient), as ``wrap`` did before it
-  scheduled the updates, to show what that costs.
+- ``ome:budget``: ``ome.keras.wrap(model, memory_budget=B)``, ``B`` being
+  ``--budget-fraction`` (0.7) of the device peak the model's plain run measured;
+- ``ome:keras-update``: the same as ``ome``, but with Keras's own ``apply_gradients``
+  (its gradient all-reduce, and update ops not waiting for their gradient), as ``wrap``
+  did before it scheduled the updates, to show what that costs.
 
 Each (model, variant) runs in a fresh process, one at a time. A callback resets
 TensorFlow's allocator statistics (``CPU:0``, BFC allocator) before each step and reads
-them after: ``transient`` is the step's peak minus the bytes in use before it (weights,
-optimizer slots, the batch), the memory the step itself needs. Step time is the median
-of the timed steps after the warm-up ones. A variant that raises is recorded as crashed,
-with the first line of its error.
+them after: ``peak`` is the device's peak, ``transient`` the step's peak minus the bytes
+in use before it (weights, optimizer slots, the batch), the memory the step itself needs,
+each the most of the timed steps. Step time is the median of the timed steps after the
+warm-up ones (5 of each by default: a wrapped step measures and plans itself again over
+its first steps). A variant that raises is recorded as crashed, with the first line of
+its error.
 
 ``--replicas 2`` trains under ``tf.distribute.MirroredStrategy`` on two logical CPU
 devices, the batch being the global one (each replica gets half). The logical CPU devices
 share one allocator, so peak and transient are both replicas' together; each replica runs
 the same rewritten step, so the sum falls as each replica's peak does.
 
-Run ``python -m benchmark_lib.keras_memory`` (about 15 minutes on 2 cores);
-``--models mlp --steps 5`` and ``--json results.json`` select and save. ``--explain``
-also traces one step of each variant in a TF1 session and prints the buffers alive at its
+    python -m benchmark_lib.keras_memory --models resnet50 --out results/km-resnet50
+    python -m benchmark_lib.keras_memory --models llama bert vit mlp --child-timeout 300 \\
+        --out results/km-rest
+    python -m benchmark_lib.keras_memory --merge results/km-resnet50/table.json \\
+        results/km-rest/table.json --out docs/results/keras-memory
+
+Without ``--out`` the table is printed only. ``--out`` writes ``table.md`` (opening with
+its command, commit, date and machine; each row a ratio to the model's plain run),
+``table.json`` and ``table.png`` (per model, transient and step time against plain's, by
+variant) into the folder (``table.json`` after each cell, so a stopped run keeps what it
+measured); ``--merge`` makes one table of several runs' ``table.json``. A cell taking
+more than ``--child-timeout`` seconds (900) is stopped and recorded as timed out, with the
+last line ome logged. On 2 cores the keras_hub models and the MLP take about 9 minutes,
+ResNet-50's plain and ``RematScope`` cells under a minute each, and its ``ome`` cell
+more than 15 minutes. ``--explain`` also traces one step of each variant in a TF1 session and prints the buffers alive at its
 peak by kind (weight gradients, activations, checkpoints, ...; :mod:`benchmark_lib.keras_peak`).
 """
 import argparse
 import functools
 import json
+import logging
 import os
 import re
 import statistics
@@ -48,17 +70,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # CPUs) or the BFC allocator, chosen here before TensorFlow starts (in the child process).
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
 
-__all__ = ["MODELS", "VARIANTS", "main"]
+from benchmark_lib import child_runs, hub_models  # noqa: E402
+from benchmark_lib.environment import command_line, machine_info, now, source_commit  # noqa: E402
 
-MODELS = ("resnet50", "mlp")
+__all__ = ["MODELS", "VARIANTS", "main", "markdown"]
+
+MODELS = ("resnet50", "mlp", *hub_models.MODELS)
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
 VARIANTS = ("plain", *(f"remat:{mode}" for mode in REMAT_MODES), "remat-blocks", "ome",
-            "ome:keras-update")
+            "ome:budget", "ome:keras-update")
 #: ome's goal against plain fit: transient memory ratio at most, step time ratio at most
 #: (under a strategy with several replicas: lower than plain's, at that step time).
 TARGET = {"transient": 0.40, "step_time": 1.35}
 REPLICAS_TARGET = dict(TARGET, transient=1.0)
 _MiB = float(1 << 20)
+_TITLES = {"resnet50": "ResNet-50", "mlp": "MLP", "llama": "Llama causal LM (keras_hub)",
+           "bert": "BERT classifier (keras_hub)", "vit": "ViT classifier (keras_hub)"}
 
 
 def main(argv=None):
@@ -70,18 +97,16 @@ def main(argv=None):
     """
     args = _parse(argv)
     if args.child:
-        print("RESULT " + json.dumps(_child(json.loads(args.child))), flush=True)
+        child_runs.report(_child(json.loads(args.child)))
         return 0
-    rows = []
-    for model in args.models:
-        for variant in _variants(model, args.variants):
-            rows.append(_run_child(args, model, variant))
-            print(_row_line(rows[-1], _plain(rows, model)), flush=True)
-    print()
-    _print_table(rows, REPLICAS_TARGET if args.replicas > 1 else TARGET)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(rows, out, indent=1)
+    doc = _merged(args.merge) if args.merge else _measured(args)
+    text = markdown(doc)
+    if args.out:
+        child_runs.write_outputs(args.out, "table", doc, text)
+        _plot(doc, os.path.join(args.out, "table.png"))
+    else:
+        print(text)
+    _print_verdicts(doc, REPLICAS_TARGET if args.replicas > 1 else TARGET)
     return 0
 
 
@@ -92,15 +117,21 @@ def _parse(argv):
     parser.add_argument("--variants", nargs="+", choices=VARIANTS,
                         default=[v for v in VARIANTS if v != "ome:keras-update"])
     parser.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     parser.add_argument("--mlp-batch", type=int, default=2048)
     parser.add_argument("--resnet-batch", type=int, default=32)
     parser.add_argument("--resnet-size", type=int, default=64, help="image side in pixels")
+    parser.add_argument("--budget-fraction", type=float, default=0.7,
+                        help="ome:budget's memory_budget, a share of plain's device peak")
     parser.add_argument("--replicas", type=int, default=1,
                         help="train under MirroredStrategy on this many logical CPU devices")
     parser.add_argument("--ome-options", type=json.loads, default={}, metavar="JSON",
                         help='options of ome.keras.wrap, e.g. \'{"checkpoints": "memory"}\'')
-    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--child-timeout", type=float, default=900,
+                        help="seconds a (model, variant) may take (default 900)")
+    parser.add_argument("--out", help="write table.md, table.json and table.png here")
+    parser.add_argument("--merge", nargs="+", metavar="TABLE_JSON",
+                        help="measure nothing: one table of these runs' table.json")
     parser.add_argument("--explain", action="store_true",
                         help="also print what is alive at each variant's peak, by kind")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -109,6 +140,8 @@ def _parse(argv):
         parser.error("--steps must be at least 5")
     if args.replicas < 1:
         parser.error("--replicas must be at least 1")
+    if args.merge and not args.out:
+        parser.error("--merge needs --out")
     return args
 
 
@@ -121,43 +154,119 @@ def _variants(model, chosen):
 # ---------------------------------------------------------------------------------------
 
 
-def _run_child(args, model, variant):
-    """Measure one (model, variant) in a fresh process; its result dict."""
+def _measured(args):
+    """A table document of one run: every (model, variant) of ``args``, measured. With
+    ``--out``, ``table.json`` is written after each row: a run stopped midway keeps what
+    it measured."""
+    source_commit()  # the commit measured, read before the runs
+    config = {key: getattr(args, key) for key in (
+        "models", "variants", "steps", "warmup", "mlp_batch", "resnet_batch", "resnet_size",
+        "budget_fraction", "replicas", "ome_options")}
+    load = {"before": os.getloadavg(), "after": os.getloadavg()}
+    part = {"command": command_line(), "commit": source_commit(), "date": now(),
+            "machine": machine_info(), "config": config, "load_average": load, "rows": []}
+    rows = part["rows"]
+    for model in args.models:
+        for variant in _variants(model, args.variants):
+            rows.append(_run_child(args, model, variant, _plain(rows, model)))
+            print(_row_line(rows[-1], _plain(rows, model)), flush=True)
+            load["after"] = os.getloadavg()
+            if args.out:
+                _save(args.out, {"parts": [part]})
+    return {"parts": [part]}
+
+
+def _save(out, doc):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "table.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+
+
+def _merged(paths):
+    """One table document of the runs saved in ``paths`` (``table.json`` files), and
+    the command that merged them."""
+    parts = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            parts += json.load(f)["parts"]
+    return {"parts": parts, "merged_by": command_line()}
+
+
+def _skip_reason(model, variant, plain):
+    """Why (model, variant) is not run, or None when it is."""
+    if model in hub_models.MODELS and hub_models.missing():
+        return hub_models.missing()
+    if variant == "ome:budget" and plain is None:
+        return "no measured plain run to take the budget from"
+    return None
+
+
+def _run_child(args, model, variant, plain):
+    """Measure one (model, variant) in a fresh process; its result dict (``plain``: the
+    model's plain row, which ``ome:budget`` takes its budget from)."""
+    row = {"model": model, "variant": variant, "batch": _batch_size(args, model),
+           "replicas": args.replicas}
+    reason = _skip_reason(model, variant, plain)
+    if reason:
+        return dict(row, skipped=reason)
+    options = dict(args.ome_options)
+    if variant == "ome:budget":
+        options["memory_budget"] = row["budget"] = int(args.budget_fraction * plain["peak"])
     spec = {"model": model, "variant": variant, "steps": args.steps, "warmup": args.warmup,
-            "batch": args.mlp_batch if model == "mlp" else args.resnet_batch,
-            "size": args.resnet_size, "ome_options": args.ome_options,
-            "replicas": args.replicas,
-            "explain": args.explain}
+            "batch": row["batch"], "size": args.resnet_size, "ome_options": options,
+            "replicas": args.replicas, "explain": args.explain}
     command = [sys.executable, "-m", "benchmark_lib.keras_memory", "--child", json.dumps(spec)]
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    row = {"model": model, "variant": variant, "batch": spec["batch"],
-           "replicas": args.replicas,
-           "wall_seconds": round(time.perf_counter() - start, 1)}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False,
+                              timeout=args.child_timeout)
+    except subprocess.TimeoutExpired as stopped:
+        return dict(row, error=f"timed out: stopped after {args.child_timeout:.0f} s "
+                               f"(last logged: {_last_line(stopped.stderr)})")
+    row["wall_seconds"] = round(time.perf_counter() - start, 1)
     for line in done.stdout.splitlines():
         if line.startswith("EXPLAIN "):
             print(line[len("EXPLAIN "):], flush=True)
         if line.startswith("RESULT "):
             row.update(json.loads(line[len("RESULT "):]))
             return row
-    last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-    row["error"] = f"process ended with code {done.returncode}: {last[0]}"
+    row["error"] = f"process ended with code {done.returncode}: {_last_line(done.stderr)}"
     return row
+
+
+def _last_line(stderr):
+    """The last line a child wrote to stderr (bytes when it was stopped), 300 characters
+    at most."""
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
+    last = [line for line in text.splitlines() if line.strip()][-1:] or ["nothing"]
+    return last[0][:300]
+
+
+def _batch_size(args, model):
+    if model in hub_models.MODELS:
+        return hub_models.MODELS[model]["batch"]
+    return args.mlp_batch if model == "mlp" else args.resnet_batch
+
+
+def _measured_ok(row):
+    return "error" not in row and "skipped" not in row
 
 
 def _plain(rows, model):
     return next((r for r in rows if r["model"] == model and r["variant"] == "plain"
-                 and "error" not in r), None)
+                 and _measured_ok(r)), None)
 
 
 def _ratio(row, plain, key):
-    if plain is None or "error" in row or not plain[key]:
+    if plain is None or not _measured_ok(row) or not plain[key]:
         return None
     return row[key] / plain[key]
 
 
 def _row_line(row, plain):
     head = f"{row['model']:<9} {row['variant']:<21}"
+    if "skipped" in row:
+        return f"{head} skipped: {row['skipped']}"
     if "error" in row:
         return f"{head} crashed: {row['error']}"
     memory, speed = _ratio(row, plain, "transient"), _ratio(row, plain, "step_time")
@@ -170,21 +279,115 @@ def _format_ratio(value):
     return "-" if value is None else f"{value:.2f}"
 
 
-def _print_table(rows, target):
-    print(f"{'model':<9} {'variant':<21} {'peak MiB':>9} {'transient':>9} {'/plain':>7} "
-          f"{'step ms':>9} {'/plain':>7}")
-    for row in rows:
-        print(_row_line(row, _plain(rows, row["model"])))
-    for model in dict.fromkeys(r["model"] for r in rows):
-        ome_row = next((r for r in rows if r["model"] == model and r["variant"] == "ome"), None)
-        plain = _plain(rows, model)
-        if ome_row is None or plain is None or "error" in ome_row:
-            continue
-        memory, speed = _ratio(ome_row, plain, "transient"), _ratio(ome_row, plain, "step_time")
-        met = memory < target["transient"] and speed <= target["step_time"]
-        print(f"{model}: ome transient {memory:.2f} of plain fit (target < "
-              f"{target['transient']}), step time {speed:.2f}x (target <= "
-              f"{target['step_time']}): {'met' if met else 'NOT met'}")
+def _print_verdicts(doc, target):
+    """For each model with an ome row: whether ome met ``target`` against plain ``fit``."""
+    for part in doc["parts"]:
+        rows = part["rows"]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            ome_row = next((r for r in rows if r["model"] == model and r["variant"] == "ome"),
+                           None)
+            plain = _plain(rows, model)
+            if ome_row is None or plain is None or not _measured_ok(ome_row):
+                continue
+            memory = _ratio(ome_row, plain, "transient")
+            speed = _ratio(ome_row, plain, "step_time")
+            met = memory < target["transient"] and speed <= target["step_time"]
+            print(f"{model}: ome transient {memory:.2f} of plain fit (target < "
+                  f"{target['transient']}), step time {speed:.2f}x (target <= "
+                  f"{target['step_time']}): {'met' if met else 'NOT met'}")
+
+
+# ---------------------------------------------------------------------------------------
+# The table and its chart
+# ---------------------------------------------------------------------------------------
+
+
+def markdown(doc):
+    """``table.md`` of a table document: title, each run's command, commit, date, machine
+    and load, what was measured, then a row per (model, variant), each a ratio to the
+    model's plain run in the same run."""
+    lines = ["# Keras `fit`: ome against plain Keras and `keras.RematScope`", ""]
+    for part in doc["parts"]:
+        lines += [_part_line(part), ""]
+    if "merged_by" in doc:
+        lines += [f"One table of the runs above: `{doc['merged_by']}`.", ""]
+    config = doc["parts"][0]["config"]
+    lines += [f"{config['warmup']} warm-up and {config['steps']} timed `fit` steps per cell, "
+              "each cell a fresh process, one at a time; one repeated batch; momentum SGD, "
+              "XLA off. `device peak`: the allocator's most during a timed step; "
+              "`transient`: the most of a step's peak minus the bytes in use before it "
+              "(weights, optimizer slots, the batch); `step ms`: the median; `×plain`: a "
+              "ratio to the model's plain `fit` in the same run.", "",
+              "| model | variant | device peak MiB | transient MiB | transient ×plain "
+              "| step ms | step time ×plain | ome's plan |",
+              "|---|---|---|---|---|---|---|---|"]
+    for part in doc["parts"]:
+        for row in part["rows"]:
+            lines.append(_table_row(row, _plain(part["rows"], row["model"]), part["config"]))
+    return "\n".join(lines) + "\n"
+
+
+def _part_line(part):
+    info, load = part["machine"], part["load_average"]
+    return (f"Command: `{part['command']}`, at commit {part['commit']}; measured "
+            f"{part['date']} on {info.get('cpu_count')} cores ({info.get('processor')}), "
+            f"{(info.get('memory_bytes') or 0) / 2**30:.1f} GiB, Python "
+            f"{info.get('python')}; 1-minute load average {load['before'][0]:.2f} before, "
+            f"{load['after'][0]:.2f} after.")
+
+
+def _variant_title(row, config):
+    variant = row["variant"]
+    if variant.startswith("remat:"):
+        return f"`RematScope(\"{variant.split(':', 1)[1]}\")`"
+    if variant == "ome:budget":
+        budget = f" ({row['budget'] / _MiB:.0f} MiB)" if "budget" in row else ""
+        return (f"ome, `memory_budget=` {config['budget_fraction']:.2f} x plain's "
+                f"peak{budget}")
+    return {"plain": "plain `fit`", "remat-blocks": "`keras.remat` blocks of 5 layers",
+            "ome": "ome (`wrap` defaults)",
+            "ome:keras-update": "ome with Keras's `apply_gradients`"}[variant]
+
+
+def _table_row(row, plain, config):
+    head = f"| {_TITLES[row['model']]} | {_variant_title(row, config)} |"
+    if "skipped" in row:
+        return f"{head} skipped: {row['skipped']} |" + " |" * 5
+    if "error" in row:
+        return f"{head} crashed: `{row['error']}` |" + " |" * 5
+    return (f"{head} {row['peak'] / _MiB:.1f} | {row['transient'] / _MiB:.1f} | "
+            f"{_format_ratio(_ratio(row, plain, 'transient'))} | "
+            f"{row['step_time'] * 1e3:.0f} | "
+            f"{_format_ratio(_ratio(row, plain, 'step_time'))} | {row.get('note', '-')} |")
+
+
+def _plot(doc, path):
+    """``table.png``: per model, transient and step time as ratios to plain, by variant."""
+    from benchmark_lib import plots  # pylint: disable=import-outside-toplevel
+
+    panels = []
+    for part in doc["parts"]:
+        for model in dict.fromkeys(r["model"] for r in part["rows"]):
+            rows = [r for r in part["rows"] if r["model"] == model]
+            plain = _plain(part["rows"], model)
+            bars = [(_variant_label(r["variant"]), _ratio(r, plain, "transient"),
+                     _ratio(r, plain, "step_time"), _status(r)) for r in rows]
+            panels.append((_TITLES[model], bars))
+    plots.ratio_panels(panels, path, ("transient ×plain", "step time ×plain"))
+
+
+def _status(row):
+    """What a row without ratios is: skipped, timed out, crashed, or measured without a
+    plain run."""
+    if "skipped" in row:
+        return "skipped"
+    if "error" in row:
+        return "timed out" if row["error"].startswith("timed out") else "crashed"
+    return "no plain run"
+
+
+def _variant_label(variant):
+    return variant.replace("remat:", "RematScope ")
 
 
 # ---------------------------------------------------------------------------------------
@@ -193,7 +396,11 @@ def _print_table(rows, target):
 
 
 def _child(spec):
-    """Measure ``spec``; a variant that raises is a result with its error's first line."""
+    """Measure ``spec``; a variant that raises is a result with its error's first line.
+    ome's log goes to stderr from level INFO: a child stopped for its time says in which
+    phase it was."""
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("ome").setLevel(logging.INFO)
     try:
         return _measure(spec)
     except Exception as err:  # pylint: disable=broad-except  (a crash is a measurement)
@@ -201,11 +408,13 @@ def _child(spec):
 
 
 def _first_line(err):
-    """The error's first line, past Keras's "Exception encountered when calling X" header."""
+    """The error's first line, past Keras's headers ("Exception encountered when calling
+    X", "... Error encountered:"), which name where the error was raised, not what it is."""
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(err).splitlines()]
     lines = [line for line in lines if line]
-    if len(lines) > 1 and lines[0].startswith("Exception encountered when calling"):
-        return lines[1]
+    while len(lines) > 1 and (lines[0].startswith("Exception encountered when calling")
+                              or lines[0].endswith("Error encountered:")):
+        lines = lines[1:]
     return lines[0] if lines else ""
 
 
@@ -296,10 +505,13 @@ def _dataset(spec):
 
 
 def _batch(spec):
-    """The one batch ``(x, y)`` of ``spec``, as numpy arrays."""
+    """The one batch ``(x, y)`` of ``spec``, as numpy arrays (a dict of them as ``x`` for
+    the keras_hub text models)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     rng = np.random.RandomState(0)
+    if spec["model"] in hub_models.MODELS:
+        return hub_models.batch(spec["model"], spec["batch"], rng)
     shape = (1024,) if spec["model"] == "mlp" else (spec["size"], spec["size"], 3)
     x = rng.rand(spec["batch"], *shape).astype("float32")
     y = rng.randint(0, 10, spec["batch"])
@@ -321,11 +533,13 @@ def _build(spec):
 
 
 def _heavy_layer_names(spec):
-    """Names of the model's Dense and Conv2D layers (built once to read them)."""
+    """Names of the model's Dense, EinsumDense and Conv2D layers, nested ones included
+    (built once to read them)."""
     import keras  # pylint: disable=import-outside-toplevel
 
-    names = [layer.name for layer in _model(spec).layers
-             if isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D))]
+    heavy = (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Conv2D)
+    layers = _model(spec)._flatten_layers(include_self=False)  # pylint: disable=protected-access
+    names = [layer.name for layer in layers if isinstance(layer, heavy)]
     keras.backend.clear_session()  # the measured model gets the same names again
     keras.utils.set_random_seed(0)
     return names
@@ -334,6 +548,8 @@ def _heavy_layer_names(spec):
 def _model(spec):
     import keras  # pylint: disable=import-outside-toplevel
 
+    if spec["model"] in hub_models.MODELS:
+        return hub_models.build(spec["model"])
     if spec["model"] == "resnet50":
         return keras.applications.ResNet50(weights=None, classes=10,
                                            input_shape=(spec["size"], spec["size"], 3))

@@ -11,7 +11,7 @@ import os
 from benchmark_lib import catalog
 from benchmark_lib.units import MiB
 
-__all__ = ["Metric", "METRICS", "styles", "model_plots", "max_batch_plot"]
+__all__ = ["Metric", "METRICS", "styles", "model_plots", "max_batch_plot", "ratio_panels"]
 
 _LINE_STYLES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p", "d")
@@ -176,3 +176,45 @@ def max_batch_plot(summaries, out_dir):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def ratio_panels(panels, path, labels, columns=3):
+    """Bars of two ratios per item, one panel per ``(title, items)`` of ``panels``; each
+    item ``(name, first, second, missing)``, ``missing`` written in place of the bars when
+    a ratio is None. ``labels``: the two ratios' names. A line marks 1. Returns ``path``."""
+    plt = _pyplot()
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, min(columns, len(panels)), squeeze=False,
+                             figsize=(5.5 * min(columns, len(panels)), 4.2 * rows))
+    for ax, (title, items) in zip(axes.flat, panels):
+        _ratio_panel(ax, title, items, labels)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _ratio_panel(ax, title, items, labels):
+    width = 0.4
+    for place, (_, first, second, missing) in enumerate(items):
+        if first is None or second is None:
+            ax.annotate(missing, (place, 0.05), ha="center", va="bottom", rotation=90,
+                        fontsize="small", color="C3")
+            continue
+        for offset, value, colour in ((-width / 2, first, "C0"), (width / 2, second, "C1")):
+            ax.bar(place + offset, value, width, color=colour)
+            ax.annotate(f"{value:.2f}", (place + offset, value), ha="center", va="bottom",
+                        fontsize="x-small")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    highest = max([1.0] + [value for item in items for value in item[1:3] if value is not None])
+    ax.set_ylim(0, 1.3 * highest)  # room for the legend above the bars
+    ax.set_xticks(range(len(items)), [item[0] for item in items], rotation=35, ha="right",
+                  fontsize="small")
+    ax.set_title(title)
+    ax.set_ylabel("ratio to plain fit")
+    from matplotlib.patches import Patch  # pylint: disable=import-outside-toplevel
+
+    ax.legend(handles=[Patch(color="C0", label=labels[0]), Patch(color="C1", label=labels[1])],
+              fontsize="small", loc="upper left")
