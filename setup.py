@@ -15,10 +15,10 @@ setup(
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
-        "plots": ["matplotlib", "tqdm"],
+        "plots": ["matplotlib", "tqdm"],  # benchmark.py's plots and progress bar
         # keras_hub's models in benchmark_lib.keras_memory; it pulls in tensorflow-text and
         # the full tensorflow: beside tensorflow-cpu, pip install --no-deps keras-hub tokenizers
-        "hub": ["keras-hub"],  # benchmark.py's plots and progress bar
+        "hub": ["keras-hub"],
         # pytest-xdist: the suite runs on two workers (README's test command)
         "test": ["pytest>=7", "pytest-xdist", "matplotlib", "hypothesis"],
     },

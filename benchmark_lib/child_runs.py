@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["report", "run", "write_outputs"]
+__all__ = ["report", "run", "write_json", "write_outputs"]
 
 _PREFIX = "RESULT "
 
@@ -27,13 +27,18 @@ def run(module, spec):
     return {"error": last[0][:300]}
 
 
+def write_json(out, stem, doc):
+    """Write ``doc`` to ``out/stem.json`` (``out`` made if missing)."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+
+
 def write_outputs(out, stem, doc, text):
     """Write ``doc`` to ``out/stem.json`` and the markdown ``text`` to ``out/stem.md``
     (``out`` made if missing), and print ``text``: what each fresh-process measurement
     leaves behind."""
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{stem}.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
+    write_json(out, stem, doc)
     with open(os.path.join(out, f"{stem}.md"), "w", encoding="utf-8") as f:
         f.write(text)
     print(text)

@@ -172,14 +172,8 @@ def _measured(args):
             print(_row_line(rows[-1], _plain(rows, model)), flush=True)
             load["after"] = os.getloadavg()
             if args.out:
-                _save(args.out, {"parts": [part]})
+                child_runs.write_json(args.out, "table", {"parts": [part]})
     return {"parts": [part]}
-
-
-def _save(out, doc):
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "table.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
 
 
 def _merged(paths):

@@ -14,6 +14,7 @@ import logging
 import numpy as np
 
 import ome
+from ome.largest_batch import PLAN_SECONDS
 
 
 def build_resnet50(image_size):
@@ -41,8 +42,8 @@ def main(argv=None):
     parser.add_argument("--resolution", type=int, default=8,
                         help="stop when the bracket is this narrow (default 8)")
     parser.add_argument("--steps", type=int, default=5, help="steps each batch trains")
-    parser.add_argument("--plan-seconds", type=float, default=ome.largest_batch.__kwdefaults__[
-        "plan_seconds"], help="seconds each predicted batch's plan may search")
+    parser.add_argument("--plan-seconds", type=float, default=PLAN_SECONDS,
+                        help="seconds each predicted batch's plan may search")
     parser.add_argument("--plain", action="store_true", help="plain fit instead of ome")
     parser.add_argument("--predict-only", action="store_true",
                         help="ome's predicted search alone (one profile, then the planner)")

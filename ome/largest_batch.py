@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 from ome import errors
 from ome.core import batch_scaling
-from ome.core.bisect import largest_fitting
+from ome.core.bisect import check_bounds, largest_fitting, positive_int
 from ome.core.costs import CostModel
 from ome.core.graphview import GraphView
 from ome.core.sizes import format_bytes, parse_bytes
@@ -209,16 +209,11 @@ def _checked(build_model, memory, sample, start, cap, steps, resolution):
             f"build_model and sample must be picklable (module-level functions, not lambdas "
             f"or local functions): each batch runs in a process of its own ({err})") from None
     budget = parse_bytes(memory, what="memory")
-    for what, value in (("start", start), ("steps", steps), ("resolution", resolution)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise errors.InvalidArgumentError(f"{what} must be a positive int, got {value!r}")
-    if steps < LEAST_STEPS:
+    check_bounds(start, cap, resolution)
+    if positive_int(steps, "steps") < LEAST_STEPS:
         raise errors.InvalidArgumentError(
             f"steps must be at least {LEAST_STEPS} (ome's default plan, its profile, then the "
             f"plan for the budget), got {steps}")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < start):
-        raise errors.InvalidArgumentError(f"cap must be None or an int >= start ({start}), "
-                                          f"got {cap!r}")
     return budget, payload
 
 

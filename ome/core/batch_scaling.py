@@ -19,15 +19,15 @@ measured).
 import dataclasses
 
 from ome import errors
+from ome.core.bisect import positive_int
 from ome.core.graphview import GraphView
 
 __all__ = ["batched_tensors", "batched_ops", "scale_view", "scale_costs"]
 
 
 def _check_batches(batch, new_batch):
-    for what, value in (("batch", batch), ("new_batch", new_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise errors.InvalidArgumentError(f"{what} must be a positive int, got {value!r}")
+    positive_int(batch, "batch")
+    positive_int(new_batch, "new_batch")
 
 
 def batched_tensors(view, batch):

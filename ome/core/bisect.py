@@ -9,7 +9,7 @@ from typing import Callable, Optional, Tuple
 
 from ome import errors
 
-__all__ = ["BisectResult", "largest_fitting"]
+__all__ = ["BisectResult", "check_bounds", "largest_fitting", "positive_int"]
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,21 @@ class BisectResult:
     first_over: Optional[int] = None
 
 
-def _positive_int(value, what):
+def positive_int(value, what):
+    """``value``, or InvalidArgumentError naming ``what`` when it is not an int >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise errors.InvalidArgumentError(f"{what} must be a positive int, got {value!r}")
     return value
+
+
+def check_bounds(start, cap, resolution):
+    """Raise InvalidArgumentError unless :func:`largest_fitting` takes ``start``, ``cap``
+    and ``resolution``: a caller that probes at a cost checks them before its first probe."""
+    positive_int(start, "start")
+    positive_int(resolution, "resolution")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < start):
+        raise errors.InvalidArgumentError(f"cap must be None or an int >= start ({start}), "
+                                          f"got {cap!r}")
 
 
 def largest_fitting(fits: Callable[[int], bool], *, start: int = 1,
@@ -52,10 +63,7 @@ def largest_fitting(fits: Callable[[int], bool], *, start: int = 1,
     >>> found.best, found.first_over, [batch for batch, _ in found.probes]
     (36, 40, [8, 16, 32, 64, 48, 40, 36])
     """
-    _positive_int(start, "start")
-    _positive_int(resolution, "resolution")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < start):
-        raise errors.InvalidArgumentError(f"cap must be an int >= start ({start}), got {cap!r}")
+    check_bounds(start, cap, resolution)
 
     order = []
 
