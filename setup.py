@@ -11,7 +11,8 @@ setup(
     py_modules=["benchmark"],
     python_requires=">=3.9",
     # TensorFlow comes from an extra so CPU users get the small wheel and GPU users the CUDA one.
-    install_requires=["networkx>=2.6", "numpy", "scipy>=1.9"],  # scipy: HiGHS (ome.policies.search)
+    # highspy: HiGHS, which plans from a start (ome.policies.highs); scipy: sparse matrices
+    install_requires=["networkx>=2.6", "numpy", "scipy>=1.9", "highspy>=1.7"],
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],

@@ -6,7 +6,6 @@ from typing import Dict, List
 
 import numpy as np
 from scipy import sparse
-from scipy.optimize import LinearConstraint
 
 from ome.core.costs import swap_cost
 from ome.core.plans import Solver
@@ -288,7 +287,7 @@ class Program:
             self.memory.append((row, bound))
             previous = col
 
-    # -- to scipy and back -----------------------------------------------------------
+    # -- to HiGHS and back -----------------------------------------------------------
     @property
     def objective(self):
         return np.array(self.cost)
@@ -301,8 +300,17 @@ class Program:
         t = self.terms
         return sparse.csr_array((t.vals, (t.rows, t.cols)), shape=(len(t.lo), len(self.lower)))
 
-    def constraints(self):
-        return LinearConstraint(self.matrix(), np.array(self.terms.lo), np.array(self.terms.hi))
+    def start(self, decisions):
+        """``{column: value}`` of the integer columns for a plan's ``decisions``
+        ({tensor: Decision}; a tensor not named is kept): a starting solution."""
+        values = {}
+        for kind, wanted in (("r", Decision.RECOMPUTE), ("s", Decision.SWAP)):
+            for t in self.p.recompute if kind == "r" else self.p.swap:
+                col = self.var(kind, t)
+                if col is not None:
+                    values[col] = max(values.get(col, 0.0),
+                                      float(decisions.get(t) == wanted))
+        return values
 
     def solution(self, x, status, gap):
         p = self.p

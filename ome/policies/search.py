@@ -26,7 +26,7 @@ from ome.core.costs import STATIC, added_seconds, swap_cost
 from ome.core.plans import Solver, make_plan, with_gradient_holds
 from ome.core.schedule import Decision
 from ome.policies import select
-from ome.policies.problem import Problem
+from ome.policies.problem import MIP_GAP, Problem
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +167,16 @@ class Search:
         tried) and solve again; then polish the cheapest fitting plan."""
         if self.plain().peak <= limit:
             return self.plain()
-        target, bracket, previous = float(limit), Bracket(float(limit)), None
+        target, bracket, previous = self.corrected(limit), Bracket(float(limit)), None
+        solved_for = None
         stepped = 0
         for round_ in range(MAX_ROUNDS):
             if round_ >= UNCUT_SOLVES and self.remaining() <= 0:
                 break
-            trial = self.solve(target)
+            if max(target, self.model_floor()) == solved_for:
+                break  # held at the floor: the same program again
+            target = solved_for = max(target, self.model_floor())
+            trial = self.solve(target, limit=limit)
             if trial is not None and trial.peak > limit and (
                     trial.plan.changes_nothing() or previous is not None and
                     limit < previous.peak <= trial.peak):
@@ -212,6 +216,18 @@ class Search:
         least = min(self.trials, key=lambda t: (t.peak, t.seconds))
         return self.fit(least.peak)
 
+    def corrected(self, limit):
+        """The first modelled limit to solve for ``limit``: ``limit`` moved by the
+        model's error on the solver plan simulated nearest it, where there is one. The
+        model errs by megabytes on large graphs (mostly high); asked for the simulated
+        peak itself, below every plan it can model there, HiGHS spends its node limit
+        (minutes on ResNet-50) finding no plan at all."""
+        known = [t for t in self.trials if t.status.solved and math.isfinite(t.model_peak)]
+        if not known:
+            return float(limit)
+        nearest = min(known, key=lambda t: (abs(t.peak - limit), t.peak, t.seconds))
+        return float(limit + nearest.model_peak - nearest.peak)
+
     # -- plans ------------------------------------------------------------------------
     def fitting(self, limit):
         return [t for t in self.trials if t.peak <= limit]
@@ -232,15 +248,16 @@ class Search:
             error.smallest = smallest  # for callers that add static bytes to it
             raise error
 
-    def solve(self, target, seconds=None):
+    def solve(self, target, seconds=None, limit=None):
         """Solve for a modelled limit (None: the smallest modelled peak) in ``seconds``
-        (default: what remains) and simulate the plan; None when the program has no
-        solution."""
+        (default: what remains), from the cheapest plan known to fit the simulated
+        ``limit``, and simulate the plan; None when the program has no solution."""
         problem = self.problem
         seconds = self.remaining() if seconds is None else seconds
         least = FIRST_SOLVE_SECONDS if self.solves < UNCUT_SOLVES else MIN_SOLVE_SECONDS
         solution, elapsed = problem.solve(
-            target, math.inf if self.deadline == math.inf else max(seconds, least))
+            target, math.inf if self.deadline == math.inf else max(seconds, least),
+            starts=self.starts(target, limit))
         self.solves += 1
         self.solve_seconds += elapsed
         if solution is None:
@@ -250,6 +267,31 @@ class Search:
         return self.simulated(_plan(problem, solution.decisions), solution.status,
                               gap=solution.gap, model_peak=solution.model_peak,
                               target=target)
+
+    def starts(self, target, limit):
+        """Decisions HiGHS may begin from under the modelled ``target``, best first: the
+        cheapest plan simulated so far whose peak fits ``limit``, then the cheapest
+        solver plan whose modelled peak fits ``target``; HiGHS takes the first that
+        fits its program (:func:`ome.policies.highs.solve`). The smallest-peak program
+        (``target`` None) gets none: any plan fits it, and HiGHS's presolve, which a
+        started solve skips, finds it lower plans than a start does."""
+        if target is None:
+            return []
+        modelled = [t for t in self.trials
+                    if t.status.solved and not t.polished and t.model_peak <= target]
+        candidates = _cheapest(self.fitting(limit)) + _cheapest(modelled)
+        starts = []
+        for trial in candidates:
+            if trial.plan.decisions() not in starts:
+                starts.append(trial.plan.decisions())
+        return starts
+
+    def model_floor(self):
+        """The least modelled peak of a smallest-peak solve so far, less HiGHS's gap
+        (0: none yet). Below it HiGHS, under its node limit, finds no plan after
+        minutes of search (ResNet-50), so the search asks for none there."""
+        return (1 - MIP_GAP) * min((t.model_peak for t in self.trials
+                                    if t.target is None and t.status.solved), default=0.0)
 
     def plain(self):
         return self.cached(Solver.PLAIN, lambda: select.keep_all(
@@ -336,6 +378,11 @@ class Search:
         if limit is not None:
             estimates["limit"] = float(limit)
         return replace(plan, policy="optimal", estimates=estimates, solver=trial.status)
+
+
+def _cheapest(trials):
+    """The cheapest of ``trials`` (the lower peak among equals), as a list of at most one."""
+    return sorted(trials, key=lambda t: (t.seconds, t.peak))[:1]
 
 
 def _undo_candidates(problem, plan):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ome import errors
 from ome.core import costs, schedule, simulate
-from ome.policies import planner, problem, search, select
+from ome.policies import highs, planner, problem, search, select
 from ome.core.costs import STATIC, CostModel
 from ome.core.graphview import build_view
 from tests.core.test_schedule import resource_variables
@@ -168,8 +168,8 @@ def test_a_limit_just_below_the_profiled_plain_peak_gets_a_cheap_plan(monkeypatc
     # where a plan adding 0.0005 s fitted).
     solve = problem.Problem.solve
 
-    def loose_peak(self, target, seconds):
-        solution, elapsed = solve(self, target, seconds)
+    def loose_peak(self, target, seconds, starts=()):
+        solution, elapsed = solve(self, target, seconds, starts)
         if solution is not None and target is not None and \
                 all(d == Decision.KEEP for d in solution.decisions.values()):
             solution = dataclasses.replace(solution, model_peak=target)
@@ -205,25 +205,25 @@ def test_the_first_solves_end_by_their_own_rules_not_the_deadline(monkeypatch):
     calls, targets = [], []
 
     def recorded(*args, options, **kwargs):
-        calls.append(dict(options))  # milp pops what it reads
+        calls.append(dict(options))
         return real(*args, options=options, **kwargs)
 
     solve = problem.Problem.solve
 
-    def misjudged(self, target, seconds):
+    def misjudged(self, target, seconds, starts=()):
         # the first solve's model under-counts: its plan simulates over the limit
         targets.append(target)
-        return solve(self, target * 1.5 if len(targets) == 1 else target, seconds)
+        return solve(self, target * 1.5 if len(targets) == 1 else target, seconds, starts)
 
-    real = problem.milp
-    monkeypatch.setattr(problem, "milp", recorded)
+    real = highs.solve
+    monkeypatch.setattr(highs, "solve", recorded)
     monkeypatch.setattr(problem.Problem, "solve", misjudged)
     view = chain(20)
     plan = search.optimal(view, limit=10 * MiB, time_limit=1e-9)
     uncut = search.UNCUT_SOLVES
     assert len(calls) >= 2 and uncut >= 2
     assert all(c["time_limit"] >= search.FIRST_SOLVE_SECONDS for c in calls[:uncut])
-    assert all(c["node_limit"] == problem.MAX_NODES for c in calls)
+    assert all(c["mip_max_nodes"] == problem.MAX_NODES for c in calls)
     assert all(c["time_limit"] == search.MIN_SOLVE_SECONDS for c in calls[uncut:])
     assert plan.solver == Solver.OPTIMAL
     assert plan.estimates["device_peak"] <= 10 * MiB and plan.recomputed
@@ -437,17 +437,17 @@ def test_with_held_gradients_the_planner_plans_the_order_holding_makes_safe():
 def test_a_search_without_a_time_limit_ends_by_its_own_rules(monkeypatch):
     # no solve is cut by the clock, so the plan is the same on an idle or a loaded machine
     calls = []
-    real = problem.milp
+    real = highs.solve
 
     def recorded(*args, options, **kwargs):
         calls.append(dict(options))
         return real(*args, options=options, **kwargs)
 
-    monkeypatch.setattr(problem, "milp", recorded)
+    monkeypatch.setattr(highs, "solve", recorded)
     view = chain(20)
     first = search.optimal(view, limit=10 * MiB)
     assert calls and not any("time_limit" in c for c in calls)
-    assert all(c["node_limit"] == problem.MAX_NODES for c in calls)
+    assert all(c["mip_max_nodes"] == problem.MAX_NODES for c in calls)
     assert first.recomputed and search.optimal(view, limit=10 * MiB).to_json() == first.to_json()
 
 

@@ -621,17 +621,26 @@ def tanh_chain(layers, sizes=None):
 INSTANT_COPIES = CostModel(bandwidth=1e18)
 
 
+# Transfers cost nothing; a copy costs its flops at 1 GFLOP/s, well above the solver's
+# tolerance (at INSTANT_COPIES' 5 TFLOP/s two copies add 4e-13 s: a tie).
+FREE_TRANSFERS = CostModel(bandwidth=1e18, flops_per_s=1e9)
+
+
 def test_swap_auto_finds_the_lowest_peak_with_swaps_at_no_more_added_time(caplog):
     view = tanh_chain(8)
     plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
     with caplog.at_level("INFO", logger="ome.policies.planner"):
-        swapped = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
+        swapped = planner.swap_auto(view, plan, "/device:CPU:1", FREE_TRANSFERS)
     # rebuilding t6 and t7 at backprop's start: t1, t3, t5, both copies, y and its seed
-    assert simulate.simulate(view, plan, INSTANT_COPIES).device_peak == 5 * MiB + 8
-    # with free transfers t0..t4 go to the host and nothing is recomputed: at the peak
-    # (the seed of backprop) t5, t6 and t7 are kept, with y's 4 bytes and the seed's 8
-    assert simulate.simulate(view, swapped, INSTANT_COPIES).device_peak == 3 * MiB + 12
-    assert sorted(swapped.swapped) == ["t0:0", "t1:0", "t2:0", "t3:0", "t4:0"]
+    assert simulate.simulate(view, plan, FREE_TRANSFERS).device_peak == 5 * MiB + 8
+    # with free transfers t0..t5 go to the host and nothing is recomputed: the peak is
+    # in the forward pass, at t5; keeping t5 too would peak at backprop's seed (t5, t6,
+    # t7, y's 4 bytes and the seed's 8)
+    assert simulate.simulate(view, swapped, FREE_TRANSFERS).device_peak == 3 * MiB + 4
+    assert sorted(swapped.swapped) == ["t0:0", "t1:0", "t2:0", "t3:0", "t4:0", "t5:0"]
+    kept_t5 = planner.with_swaps(view, select.keep_all(view), ["t0:0", "t1:0", "t2:0",
+                                 "t3:0", "t4:0"], "/device:CPU:1", reason="test")
+    assert simulate.simulate(view, kept_t5, FREE_TRANSFERS).device_peak == 3 * MiB + 12
     assert swapped.policy == "explicit+swap" and swapped.swapped
     assert not swapped.schedule.copied_ops
     assert "simulated peak 5.0 MiB -> 3.0 MiB" in caplog.text

@@ -149,4 +149,6 @@ def test_verdicts_say_what_the_plan_did(setting, did):
     # program 0 (size 10) is one the planners rewrite: an exact verdict here compares a
     # rewritten backprop with tf.gradients, not tf.gradients with itself
     verdict = fuzzing.judge(randomgraphs.generate(0, size=SIZE), fuzzing.settings_named(setting)[0])
-    assert (verdict.kind, verdict.did) == ("exact", did), verdict.message
+    # a plan that swaps may recompute too ("both")
+    assert verdict.kind == "exact" and verdict.did in (did, "both"), verdict.message
+    assert (verdict.did == "both") <= (did == "swap"), verdict.message

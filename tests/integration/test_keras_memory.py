@@ -1,7 +1,9 @@
 """``python -m benchmark_lib.keras_memory``'s table: measured on a small MLP, from hand-made
 rows, and with keras_hub missing."""
+import importlib.machinery
 import json
 import sys
+import types
 
 from benchmark_lib import keras_memory, results_doc
 
@@ -57,6 +59,9 @@ def test_merged_runs_make_one_table_and_a_results_section(tmp_path):
 def test_hub_models_are_skipped_with_the_reason_when_keras_hub_is_missing(tmp_path,
                                                                          monkeypatch):
     monkeypatch.setitem(sys.modules, "keras_hub", None)  # find_spec: not installed
+    tokenizers = types.ModuleType("tokenizers")  # found, whether installed or not
+    tokenizers.__spec__ = importlib.machinery.ModuleSpec("tokenizers", None)
+    monkeypatch.setitem(sys.modules, "tokenizers", tokenizers)
     assert keras_memory.main(["--models", "bert", "llama", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "table.json").read_text())["parts"][0]["rows"]
     assert rows and all("pip install --no-deps keras-hub" in row["skipped"] for row in rows)
