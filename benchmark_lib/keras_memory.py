@@ -50,8 +50,7 @@ variant) into the folder (``table.json`` after each cell, so a stopped run keeps
 measured); ``--merge`` makes one table of several runs' ``table.json``. A cell taking
 more than ``--child-timeout`` seconds (900) is stopped and recorded as timed out, with the
 last line ome logged. On 2 cores the keras_hub models and the MLP take about 9 minutes,
-ResNet-50's plain and ``RematScope`` cells under a minute each, and its ``ome`` cell
-more than 15 minutes. ``--explain`` also traces one step of each variant in a TF1 session and prints the buffers alive at its
+ResNet-50's seven cells about 6. ``--explain`` also traces one step of each variant in a TF1 session and prints the buffers alive at its
 peak by kind (weight gradients, activations, checkpoints, ...; :mod:`benchmark_lib.keras_peak`).
 """
 import argparse
