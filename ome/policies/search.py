@@ -279,7 +279,8 @@ class Search:
             return []
         modelled = [t for t in self.trials
                     if t.status.solved and not t.polished and t.model_peak <= target]
-        candidates = _cheapest(self.fitting(limit)) + _cheapest(modelled)
+        fitting = self.fitting(limit) if limit is not None else []
+        candidates = _cheapest(fitting) + _cheapest(modelled)
         starts = []
         for trial in candidates:
             if trial.plan.decisions() not in starts:
