@@ -29,8 +29,8 @@ def solve(objective, integrality, lower, upper, matrix, row_lower, row_upper, *,
     """Minimise ``objective @ x`` with ``lower <= x <= upper``, ``row_lower <= matrix @ x <=
     row_upper``, ``x[i]`` integral where ``integrality[i]``. ``starts``: ``{column: value}``
     of the integer columns of known solutions, best first: HiGHS begins from the first
-    that fits. ``options``: HiGHS option values (``mip_rel_gap``,
-    ``mip_max_nodes``, ``time_limit``)."""
+    that fits. ``options``: HiGHS option values (``mip_rel_gap``, ``mip_max_nodes``,
+    ``time_limit``)."""
     matrix = matrix.tocsc()
     lower = np.asarray(lower, dtype=float)
     upper = np.asarray(upper, dtype=float)
