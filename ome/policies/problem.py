@@ -335,9 +335,9 @@ class Problem:
     def solve(self, limit, seconds, starts=()):
         """The decisions minimising added time under ``limit`` bytes of modelled peak,
         or (``limit`` None) minimising the modelled peak. ``starts``: plans' decisions
-        ({tensor: Decision}) HiGHS may begin from, the first that fits the program. None when
-        the program is infeasible or HiGHS found nothing in ``seconds`` (``math.inf``:
-        no time limit)."""
+        ({tensor: Decision}) HiGHS may begin from, the first that fits the program. None
+        when the program is infeasible or HiGHS found nothing in ``seconds``
+        (``math.inf``: no time limit)."""
         program = Program(self, limit)
         started = time.perf_counter()
         options = {"mip_rel_gap": MIP_GAP,

@@ -173,9 +173,10 @@ class Search:
         for round_ in range(MAX_ROUNDS):
             if round_ >= UNCUT_SOLVES and self.remaining() <= 0:
                 break
-            if max(target, self.model_floor()) == solved_for:
+            floored = max(target, self.model_floor())
+            if floored == solved_for:
                 break  # held at the floor: the same program again
-            target = solved_for = max(target, self.model_floor())
+            target = solved_for = floored
             trial = self.solve(target, limit=limit)
             if trial is not None and trial.peak > limit and (
                     trial.plan.changes_nothing() or previous is not None and
