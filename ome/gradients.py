@@ -637,7 +637,7 @@ def _gradients(ys, xs, grad_ys, name, tf_args, options):
         chosen = make_policy_plan(view, options, graph)
     info = _apply(chosen, view, graph, scope)
     info.backward_ops = backward_ops
-    info.view, info.scope = view, scope
+    info.view, info.scope, info.xla = view, scope, xla.compiled(graph)
     grads = _returned(grads, info.held)
     _log(chosen, info, time.perf_counter() - start)
     return grads, (chosen, info)

@@ -8,7 +8,9 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    ome's default plan, no budget and no swaps (a budget planned from static estimates
    takes a long search and misjudges the step anyway, and static estimates swap
    nothing); it traces, plans and runs. A step that turns out to ask for no measurement
-   (its options read when it traced) is done here.
+   (its options read when it traced) is done here, and so is an XLA-compiled step
+   without a budget or a host to swap to: the profiler sees its compiled cluster, not
+   its ops, so a profile has no op costs to plan from.
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
    the step is then built again with ``cost_model=`` what it measured, for the budget
    less :data:`CREEP` of it, and less the error of the replay on the profiled step (how
@@ -201,6 +203,11 @@ class MeasuredSteps:
             self.phase = "done"
             return out
         self.budget = self._budget()
+        if self.budget is None and self.host() is None and self._compiled():
+            log.info("%s: under XLA the profiler sees the compiled step, not its ops, so there "
+                     "are no op costs to plan from: the step keeps its plan", self.name)
+            self.phase = "done"
+            return out
         if self.budget is not None:
             predicted = self.estimates().get("device_peak")
             over = predicted is not None and predicted > self.budget
@@ -303,6 +310,10 @@ class MeasuredSteps:
         self._plan_again_for(target)
         return out
 
+    def _compiled(self):
+        """Whether every plan of the step was made for an XLA-compiled step."""
+        plans = self.plans()
+        return bool(plans) and all(info.xla for _, info in plans)
 
     def _raised(self, peak, predicted):
         """Whether the step, within its budget but peaking under :data:`USE` of it below

@@ -34,6 +34,7 @@ class RewriteInfo:
     swapped: List[str] = field(default_factory=list)
     rerouted: int = 0
     tied: int = 0  # copies tied to backprop by data (under XLA, ome.tf.xla)
+    xla: bool = False  # the step is compiled by XLA (set by ome.gradients)
     ordered: int = 0  # ops made to wait for the one before them in the enforced order
     added_ops: int = 0  # ops added besides tf.gradients' own
     backward_ops: int = 0

@@ -32,7 +32,7 @@ class _Device:
 
 @pytest.fixture
 def measured(monkeypatch):
-    def make(peaks, budget, *, replayed=None, refused=False, current=0, link=None):
+    def make(peaks, budget, *, replayed=None, refused=False, current=0, link=None, xla=False):
         device = _Device(peaks, current)
         costs = CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in")
         monkeypatch.setattr(measured_steps, "memory_stats", device)
@@ -54,7 +54,7 @@ def measured(monkeypatch):
             return step
 
         step = measured_steps.MeasuredSteps(
-            build, budget=lambda: budget, plans=lambda: [(plan, None)],
+            build, budget=lambda: budget, plans=lambda: [(plan, types.SimpleNamespace(xla=xla))],
             updates=lambda: None, name="step", host=lambda: link)
         return step, built, costs
     return make
@@ -81,6 +81,20 @@ def test_without_a_budget_a_plan_measuring_over_the_profiled_first_plan_twice_is
     assert step.phase == "done"
     assert "measured 110.0 MiB on its first run, above the 100.0 MiB" in caplog.text
     assert "measured 120.0 MiB, above the 100.0 MiB its first plan peaked at" in caplog.text
+
+
+def test_without_a_budget_an_xla_step_keeps_its_plan_unprofiled(measured, caplog):
+    step, built, _ = measured([100 * MiB], budget=None, xla=True)
+    with caplog.at_level("INFO", logger="ome.measured_steps"):
+        assert [step(), step()] == [1, 1]
+    assert built == [DEFAULT] and step.phase == "done" and step.cost_model is None
+    assert "no op costs to plan from" in caplog.text
+
+
+def test_an_xla_step_with_a_budget_is_profiled(measured):
+    step, built, costs = measured([90 * MiB, 90 * MiB], budget=100 * MiB, xla=True)
+    step(), step()
+    assert built[1] == {"cost_model": costs, "memory_budget": 100 * MiB - CREEP}
 
 
 def test_without_a_budget_a_plan_over_the_first_on_its_first_run_only_is_kept(measured):
