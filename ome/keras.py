@@ -28,7 +28,7 @@ from ome.core import sizes
 from ome.gradients import check_front_door_options
 from ome.measured_steps import MeasuredSteps, asks_measurement, swap_host
 from ome.tape import GradientTape
-from ome.tf import measure, tfprivate
+from ome.tf import measure, snapshot, tfprivate
 
 log = logging.getLogger(__name__)
 
@@ -318,11 +318,22 @@ def _measured_train_function(model, step):
                                  updates=lambda: step.updates,
                                  host=lambda: swap_host(step.options),
                                  replayable=lambda args: _replayable(model, args),
+                                 state=lambda *args: _state(model, budget),
                                  name=f"ome.keras.wrap({model.name})")
         model.train_function = measured
         return measured
 
     return make_train_function
+
+
+def _state(model, budget):
+    """With a budget, the model's weights, optimizer state and metrics copied to the host,
+    and the function putting them back (:mod:`ome.tf.snapshot`); else None."""
+    if budget is None:
+        return None
+    optimizer = getattr(model, "optimizer", None)
+    return snapshot.eager(list(model.variables) + list(getattr(optimizer, "variables", []))
+                          + list(model.metrics_variables))
 
 
 def _replayable(model, args):

@@ -18,7 +18,8 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
 3. **check**: the device's peak of the rebuilt step is read from the allocator. Over the
    budget, the budget the plan is made for is lowered by the excess and a margin, and the
    step built again and checked, at most :data:`MAX_CORRECTIONS` times in all; then
-   :class:`ome.errors.BudgetError`. With no budget, measuring ends here; a step that
+   :class:`ome.errors.BudgetError`, after the variables the step updates are put back
+   as they were before its first step (``state``). With no budget, measuring ends here; a step that
    peaked more than :data:`MARGIN` above the profiled one on each of its first
    :data:`JUDGED_RUNS` runs is built with its first plan again, and keeps it (a plan made from measured costs is never kept when it measures
    worse than the plan it was made from). Where the plans
@@ -154,12 +155,20 @@ class MeasuredSteps:
         ``replayable(args) -> args``: a checked call's arguments made safe to pass twice,
         as a step refused while tracing runs again with the default plan (Keras passes
         a Python iterator of the batch, which the refused call has read).
+    state : callable
+        ``state(*args, **kwargs) -> restore or None``, called with the first call's
+        arguments before it runs: where the step has a budget, a copy of the values of
+        the variables it updates and ``restore()``, which puts them back
+        (:mod:`ome.tf.snapshot`). A budget refused after steps have run (while the
+        first plans are measured, before one held it) restores them, so the refusal
+        leaves weights and optimizer state as they were before the first step.
     """
 
     def __init__(self, build, *, budget, plans, updates, name, measures=lambda: True,
-                 host=lambda: None, replayable=lambda args: args):
+                 host=lambda: None, replayable=lambda args: args, state=lambda *a, **k: None):
         self.build, self.plans, self.name, self.host = build, plans, name, host
-        self.replayable = replayable
+        self.replayable, self.state = replayable, state
+        self.restore = None  # from state(), until a plan holds the budget
         self.updates, self.measures = updates, measures
         self._budget, self.budget = budget, None
         self.device = memory_stats_device(None)
@@ -188,7 +197,26 @@ class MeasuredSteps:
             return self._first(*args, **kwargs)
         if self.phase == "profile":
             return self._profiled(*args, **kwargs)
-        return self._checked(*args, **kwargs)
+        try:
+            out = self._checked(*args, **kwargs)
+        except errors.BudgetError as err:
+            if not self._restored():
+                raise
+            raise errors.BudgetError(
+                f"{err}; the step's variables (weights, optimizer state) are back to their "
+                "values before its first step") from err
+        if self.phase in ("held", "done"):
+            self.restore = None
+        return out
+
+    def _restored(self):
+        """Whether the variables were put back as they were before the first step (where
+        ``state`` copied them and no plan has held the budget since)."""
+        restore, self.restore = self.restore, None
+        if restore is None:
+            return False
+        restore()
+        return True
 
     def _first(self, *args, **kwargs):
         known = self._budget()  # None where only tracing the step tells (ome.function)
@@ -198,15 +226,16 @@ class MeasuredSteps:
                 f"{self.name}: the device already holds {format_bytes(allocated)} before the "
                 f"step runs (weights, optimizer slots, inputs), over the budget of "
                 f"{format_bytes(known)}: no plan can meet it; give a larger budget")
+        self.restore = self.state(*args, **kwargs)
         out = self.step(*args, **kwargs)
         if not self.measures():
-            self.phase = "done"
+            self.phase, self.restore = "done", None
             return out
         self.budget = self._budget()
         if self.budget is None and self.host() is None and self._compiled():
             log.info("%s: under XLA the profiler sees the compiled step, not its ops, so there "
                      "are no op costs to plan from: the step keeps its plan", self.name)
-            self.phase = "done"
+            self.phase, self.restore = "done", None
             return out
         if self.budget is not None:
             predicted = self.estimates().get("device_peak")

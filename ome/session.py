@@ -21,7 +21,7 @@ import tensorflow as tf
 from ome import errors, measured_calls
 from ome.core import sizes
 from ome.measured_steps import DEFAULT_PLAN, MeasuredSteps, swap_host
-from ome.tf import tfprivate
+from ome.tf import snapshot, tfprivate
 from ome.tf.measure import memory_stats, memory_stats_device
 from ome.tf.profile import gradient_updates
 
@@ -88,7 +88,9 @@ class Session(tf.compat.v1.Session):
             builds.build, name=name, plans=lambda: builds.records, updates=builds.updates,
             host=lambda: swap_host(call.options),
             budget=lambda: None if budget is None else sizes.parse_bytes(
-                budget, what="memory budget"))
+                budget, what="memory budget"),
+            state=lambda *args: None if budget is None else snapshot.in_session(
+                self, self.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)))
 
 
 class _Builds:

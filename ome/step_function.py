@@ -18,6 +18,7 @@ from ome import errors
 from ome.core import sizes
 from ome.measured_steps import MeasuredSteps, asks_measurement, swap_host
 from ome.tape import tracing_step
+from ome.tf import snapshot
 from ome.tf.measure import memory_stats, memory_stats_device
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class _MeasuredFunction:
             return self._build({})
         return MeasuredSteps(self._build, budget=self._budget, plans=lambda: self.plans,
                              updates=lambda: None, name=name, measures=self._measures,
-                             host=self._host)
+                             host=self._host, state=self._state)
 
     def _build(self, overrides):
         traced = tf.function(self.python_function, **self.tf_function_options)
@@ -111,7 +112,20 @@ class _MeasuredFunction:
             with tracing_step(overrides, self.tapes):
                 return traced(*args, **kwargs)
 
+        def variables(*args, **kwargs):
+            """Trace the step for these arguments (the call after reuses the trace), and
+            list the variables it captures, those it creates included."""
+            with tracing_step(overrides, self.tapes):
+                return traced.get_concrete_function(*args, **kwargs).variables
+
+        step.variables = variables
         return step
+
+    def _state(self, *args, **kwargs):
+        """Before the first call: with a budget, the variables of the traced step copied
+        to the host, and the function putting them back (:mod:`ome.tf.snapshot`)."""
+        variables = self.steps.step.variables(*args, **kwargs)
+        return snapshot.eager(variables) if self._budget() is not None else None
 
     def _measures(self):
         return any(asks_measurement(tape.options, any_policy=True) for tape in self.tapes)

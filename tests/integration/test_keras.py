@@ -38,7 +38,9 @@ def test_a_budget_without_a_cost_model_is_measured_and_met():
     lines = run_script("keras_measured.py")
     assert [line.split(":")[0] for line in lines] == [
         "OK measured plan", "OK measured steps within the budget",
-        "OK measured losses follow plain Keras"], lines
+        "OK measured losses follow plain Keras",
+        "OK a budget refused after the steps measuring it ran leaves weights and optimizer "
+        "state as before"], lines
 
 
 def test_refusals_compile_guard_budget_and_patch_warning():

@@ -32,7 +32,8 @@ class _Device:
 
 @pytest.fixture
 def measured(monkeypatch):
-    def make(peaks, budget, *, replayed=None, refused=False, current=0, link=None, xla=False):
+    def make(peaks, budget, *, replayed=None, refused=False, current=0, link=None, xla=False,
+             state=lambda *args: None):
         device = _Device(peaks, current)
         costs = CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in")
         monkeypatch.setattr(measured_steps, "memory_stats", device)
@@ -55,7 +56,7 @@ def measured(monkeypatch):
 
         step = measured_steps.MeasuredSteps(
             build, budget=lambda: budget, plans=lambda: [(plan, types.SimpleNamespace(xla=xla))],
-            updates=lambda: None, name="step", host=lambda: link)
+            updates=lambda: None, name="step", host=lambda: link, state=state)
         return step, built, costs
     return make
 
@@ -188,6 +189,55 @@ def test_still_over_the_budget_after_its_corrections_raises(measured):
     assert len(built) == 2 + measured_steps.MAX_CORRECTIONS
 
 
+class _Variables:
+    """A step's variables as ``state`` copies them: ``restore()`` counts its calls."""
+
+    def __init__(self):
+        self.copied, self.restored = [], 0
+
+    def __call__(self, *args):
+        self.copied.append(args)
+        return self.restore
+
+    def restore(self):
+        self.restored += 1
+
+
+def test_a_budget_refused_after_steps_ran_puts_the_variables_back(measured):
+    variables = _Variables()
+    step, _, _ = measured([90 * MiB] + [104 * MiB] * 4, budget=100 * MiB, state=variables)
+    step(), step()
+    assert variables.copied == [()] and variables.restored == 0
+    for _ in range(measured_steps.MAX_CORRECTIONS):
+        step()
+    with pytest.raises(errors.BudgetError, match="over the budget .* back to their values "
+                                                 "before its first step"):
+        step()
+    assert variables.restored == 1
+
+
+def test_a_refusal_while_tracing_puts_the_variables_back_too(measured):
+    variables = _Variables()
+    step, _, _ = measured([104 * MiB], budget=100 * MiB, refused=True, state=variables)
+    step(), step()
+    with pytest.raises(errors.BudgetError, match="cannot fit; the step's variables"):
+        step()
+    assert variables.restored == 1
+
+
+def test_once_a_plan_held_the_budget_a_later_refusal_keeps_the_variables(measured):
+    variables = _Variables()
+    step, _, _ = measured([90 * MiB, 95 * MiB] + [104 * MiB] * 3, budget=100 * MiB,
+                          state=variables)
+    step(), step(), step()  # the third holds the budget
+    assert step.phase == "held" and step.restore is None
+    for _ in range(measured_steps.MAX_CORRECTIONS):
+        step()
+    with pytest.raises(errors.BudgetError) as raised:
+        step()
+    assert variables.restored == 0 and "back to their values" not in str(raised.value)
+
+
 @pytest.mark.parametrize("budget, expected", [
     (None, 10 * MiB),  # a third of the 30 MiB the step peaked into above the 120 held
     (135 * MiB, 5 * MiB),  # a third of the 15 MiB the budget leaves
@@ -263,12 +313,14 @@ def test_a_budget_below_what_the_device_holds_is_refused_before_the_first_step(m
         "OK the measured session's losses and weights are the plain session's",
         "OK a call built after the session exists runs the default plan it built",
         "OK a budget below what the device holds is refused before any update",
+        "OK a budget refused after the steps measuring it ran leaves the variables as before",
         "OK a plan undone for its first runs the first build again"]),
     ("function_measured.py", [  # a custom loop's ome.GradientTape under ome.function
         "OK measured plan", "OK measured calls within the budget",
         "OK measured losses follow the plain loop",
         "OK a step with ome's default policy and no budget is measured and planned again once, "
         "never above its first plan",
+        "OK a budget refused after the calls measuring it ran leaves the 50 variables as before",
         "OK a step that plans nothing from costs is traced once, measured never"]),
 ])
 def test_a_front_door_measures_its_own_steps_budget(script, checks):

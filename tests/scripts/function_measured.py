@@ -8,7 +8,8 @@ from a profiler's cost model), every call after its last correction must peak wi
 budget, and the losses must follow the plain loop's. A step under @ome.function with ome's
 default policy and no budget is measured and planned again once, and keeps the new plan
 only where it measured no higher than the first plan did; one with checkpoints="none" is
-traced once and measured never.
+traced once and measured never. A budget refused once the calls measured it leaves the
+weights and optimizer state as they were before them.
 Prints ``OK`` lines; a failed check raises.
 """
 import os
@@ -20,19 +21,21 @@ import tensorflow as tf  # noqa: E402
 
 import ome  # noqa: E402
 from ome import measured_steps  # noqa: E402
-from measured_common import check_held  # noqa: E402
+from measured_common import check_held, check_restored  # noqa: E402
 
 STEPS = 12
 x = tf.constant(np.random.RandomState(0).randn(1024, 512).astype("float32"))
 
 
-def loop(decorate, tape):
+def loop(decorate, tape, variables=None):
     """A training step of its own weights, decorated by ``decorate``; ``tape()`` opens the
-    tape."""
+    tape. ``variables``, a list, gets the weights and the optimizer's variables."""
     init = np.random.RandomState(1)
     weights = [tf.Variable(init.randn(512, 512).astype("float32") * 0.05) for _ in range(24)]
     optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
     optimizer.build(weights)
+    if variables is not None:
+        variables += weights + list(optimizer.variables)
 
     @decorate
     def step(inputs):
@@ -106,6 +109,15 @@ print("OK a step with ome's default policy and no budget is measured and planned
       f"once, never above its first plan: {'the first' if measured.kept_first else 'the new'}"
       f" plan kept, {max(settled) / 2**20:.1f} MiB against the first plan's "
       f"{measured.profiled_peak / 2**20:.1f}")
+
+tight = []  # above what the device holds once the loop is made, below any plan's peak
+held = []
+refused = loop(ome.function, lambda: ome.GradientTape(memory_budget=tight[0]), held)
+tight.append(allocated() + 2**22)
+check_restored(lambda: train(refused), lambda: [v.numpy() for v in held],
+               lambda: refused.steps)
+print(f"OK a budget refused after the calls measuring it ran leaves the {len(held)} "
+      "variables as before")
 
 kept = loop(ome.function, lambda: ome.GradientTape(checkpoints="none"))
 kept_losses, _ = train(kept)

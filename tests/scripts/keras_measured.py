@@ -5,7 +5,7 @@ plainly and wrapped with a budget between the smallest peak ome can reach and pl
 The wrapped step must profile its second step and plan again from what it measured (its
 last plan's cost model comes from TensorFlow's profiler and recomputes), every step from
 the check that passes on must peak within the budget, and the losses must follow plain
-Keras's.
+Keras's. A budget refused once the steps measured it leaves the model as it was before.
 Prints ``OK`` lines; a failed check raises.
 """
 import os
@@ -17,6 +17,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import ome  # noqa: E402
+from measured_common import check_restored  # noqa: E402
 
 STEPS = 7
 x = np.random.RandomState(0).randn(1024, 512).astype("float32")
@@ -75,3 +76,15 @@ print(f"OK measured steps within the budget: {max(held) / 2**20:.1f} of "
       f"{', '.join(f'{p / 2**20:.1f}' for p in peaks[2:] if p > budget) or 'none'})")
 np.testing.assert_allclose(losses, plain_losses, rtol=1e-4)
 print("OK measured losses follow plain Keras")
+
+# above what the device holds once the model is built, below any plan's peak: refused
+# once measured, with the model as it was before
+tight = make()
+tight.optimizer.build(tight.trainable_variables)
+tight = ome.keras.wrap(tight, memory_budget=allocated() + 2**22)
+variables = tight.variables + tight.optimizer.variables
+check_restored(lambda: train(tight), lambda: [v.numpy() for v in variables],
+               lambda: tight.train_function)
+print("OK a budget refused after the steps measuring it ran leaves weights and optimizer "
+      "state as before")
+

@@ -8,7 +8,8 @@ build the step again from what it measured (the last plan recomputes, from a pro
 cost model), peak within the budget on every run after its last correction, and give the
 plain run's losses and weights. Runs that fetch no gradient run as in a plain session.
 A call made after the session exists is built with the default plan at once. A budget
-below what the device holds before the step is refused before any update.
+below what the device holds before the step is refused before any update; one refused
+once the steps measured it leaves the variables as they were before them.
 Prints ``OK`` lines; a failed check raises.
 """
 import os
@@ -20,7 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import ome  # noqa: E402
-from measured_common import check_held  # noqa: E402
+from measured_common import check_held, check_restored  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 STEPS = 10
@@ -117,6 +118,18 @@ with tf.Graph().as_default():
         for got, want in zip(sess.run(weights), before):
             np.testing.assert_array_equal(got, want)
 print("OK a budget below what the device holds is refused before any update")
+
+with tf.Graph().as_default():
+    with ome.Session() as sess:
+        # above the 48 MiB of weights and momentum slots the device holds, below any
+        # plan's peak: refused once measured
+        loss, train_op, weights = build(
+            lambda ys, xs: ome.gradients(ys, xs, memory_budget="56MiB"))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        variables = tf.compat.v1.global_variables()
+        check_restored(lambda: train(sess, loss, train_op, steps=3),
+                       lambda: sess.run(variables), lambda: next(iter(sess.steps.values())))
+print("OK a budget refused after the steps measuring it ran leaves the variables as before")
 
 # a plan made from the profile that measures over the first plan is undone: the session
 # runs the first build again, not a new build of the same options on the grown graph
