@@ -19,6 +19,9 @@ SGD, XLA off) is measured with:
   (``--ome-options '{"checkpoints": "memory"}'`` passes some);
 - ``ome:budget``: ``ome.keras.wrap(model, memory_budget=B)``, ``B`` being
   ``--budget-fraction`` (0.7) of the device peak the model's plain run measured;
+- ``ome:matched``: ``ome.keras.wrap(model, memory_budget=B)``, ``B`` being
+  :data:`MATCHED_SHARE` of the least device peak that plain ``fit`` or a ``RematScope``
+  mode measured on the model: ome given the memory of Keras's best, to compare step times;
 - ``ome:keras-update``: the same as ``ome``, but with Keras's own ``apply_gradients``
   (its gradient all-reduce, and update ops not waiting for their gradient), as ``wrap``
   did before it scheduled the updates, to show what that costs.
@@ -28,8 +31,11 @@ TensorFlow's allocator statistics (``CPU:0``, BFC allocator) before each step an
 them after: ``peak`` is the device's peak, ``transient`` the step's peak minus the bytes
 in use before it (weights, optimizer slots, the batch), the memory the step itself needs,
 each the most of the timed steps. Step time is the median of the timed steps after the
-warm-up ones (5 of each by default: a wrapped step measures and plans itself again over
-its first steps). A variant that raises is recorded as crashed, with the first line of
+warm-up ones (5 of each by default, and for a wrapped step that measures itself, more,
+one at a time, until a step ran with no new plan and the measured step holds its budget
+or is done: up to as many again). The verdicts compare ``ome:matched`` with each
+``RematScope`` mode that ran: lower transient, and step time no more than the best one's
+by more than the larger of the two cells' spreads (interquartile ranges). A variant that raises is recorded as crashed, with the first line of
 its error.
 
 ``--replicas 2`` trains under ``tf.distribute.MirroredStrategy`` on two logical CPU
@@ -77,7 +83,11 @@ __all__ = ["MODELS", "VARIANTS", "main", "markdown"]
 MODELS = ("resnet50", "mlp", *hub_models.MODELS)
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
 VARIANTS = ("plain", *(f"remat:{mode}" for mode in REMAT_MODES), "remat-blocks", "ome",
-            "ome:budget", "ome:keras-update")
+            "ome:budget", "ome:matched", "ome:keras-update")
+#: ``ome:matched``'s budget, a share of the least device peak plain ``fit`` or any
+#: ``RematScope`` mode measured on the model: Keras's best memory, for ome to meet at the
+#: least added time.
+MATCHED_SHARE = 0.95
 #: ome's goal against plain fit: transient memory ratio at most, step time ratio at most
 #: (under a strategy with several replicas: lower than plain's, at that step time).
 TARGET = {"transient": 0.40, "step_time": 1.35}
@@ -106,6 +116,7 @@ def main(argv=None):
     else:
         print(text)
     _print_verdicts(doc, REPLICAS_TARGET if args.replicas > 1 else TARGET)
+    _print_remat_verdicts(doc)
     return 0
 
 
@@ -167,7 +178,7 @@ def _measured(args):
     rows = part["rows"]
     for model in args.models:
         for variant in _variants(model, args.variants):
-            rows.append(_run_child(args, model, variant, _plain(rows, model)))
+            rows.append(_run_child(args, model, variant, _plain(rows, model), rows))
             print(_row_line(rows[-1], _plain(rows, model)), flush=True)
             load["after"] = os.getloadavg()
             if args.out:
@@ -189,14 +200,15 @@ def _skip_reason(model, variant, plain):
     """Why (model, variant) is not run, or None when it is."""
     if model in hub_models.MODELS and hub_models.missing():
         return hub_models.missing()
-    if variant == "ome:budget" and plain is None:
+    if variant in ("ome:budget", "ome:matched") and plain is None:
         return "no measured plain run to take the budget from"
     return None
 
 
-def _run_child(args, model, variant, plain):
+def _run_child(args, model, variant, plain, rows=()):
     """Measure one (model, variant) in a fresh process; its result dict (``plain``: the
-    model's plain row, which ``ome:budget`` takes its budget from)."""
+    model's plain row, which ``ome:budget`` takes its budget from; ``rows``: those measured
+    before, which ``ome:matched`` takes its budget from)."""
     row = {"model": model, "variant": variant, "batch": _batch_size(args, model),
            "replicas": args.replicas}
     reason = _skip_reason(model, variant, plain)
@@ -205,6 +217,10 @@ def _run_child(args, model, variant, plain):
     options = dict(args.ome_options)
     if variant == "ome:budget":
         options["memory_budget"] = row["budget"] = int(args.budget_fraction * plain["peak"])
+    if variant == "ome:matched":
+        least = min(r["peak"] for r in rows if r["model"] == model and _measured_ok(r)
+                    and (r["variant"] == "plain" or r["variant"].startswith("remat")))
+        options["memory_budget"] = row["budget"] = int(MATCHED_SHARE * least)
     spec = {"model": model, "variant": variant, "steps": args.steps, "warmup": args.warmup,
             "batch": row["batch"], "size": args.resnet_size, "ome_options": options,
             "replicas": args.replicas, "explain": args.explain}
@@ -290,6 +306,36 @@ def _print_verdicts(doc, target):
                   f"{target['step_time']}): {'met' if met else 'NOT met'}")
 
 
+def _print_remat_verdicts(doc):
+    """For each model with an ``ome:matched`` row: whether it is below every
+    ``RematScope`` mode that ran in transient memory, at no more step time than the
+    fastest of them beyond the larger of the two cells' spreads."""
+    for part in doc["parts"]:
+        rows = part["rows"]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            matched = next((r for r in rows if r["model"] == model
+                            and r["variant"] == "ome:matched" and _measured_ok(r)), None)
+            remats = [r for r in rows if r["model"] == model and _measured_ok(r)
+                      and r["variant"].startswith("remat")]
+            if matched is None or not remats:
+                continue
+            fastest = min(remats, key=lambda r: r["step_time"])
+            noise = max(_spread(matched), _spread(fastest))
+            lower = all(matched["transient"] < r["transient"] for r in remats)
+            in_time = matched["step_time"] <= fastest["step_time"] + noise
+            print(f"{model}: ome:matched transient {matched['transient'] / _MiB:.1f} MiB "
+                  f"against RematScope's least {min(r['transient'] for r in remats) / _MiB:.1f}"
+                  f", step {matched['step_time'] * 1e3:.0f} ms against the fastest's "
+                  f"{fastest['step_time'] * 1e3:.0f} (spread {noise * 1e3:.0f}): "
+                  f"{'met' if lower and in_time else 'NOT met'}")
+
+
+def _spread(row):
+    """The interquartile range of a cell's timed steps, in seconds."""
+    quartiles = statistics.quantiles(row["step_times"], n=4)
+    return quartiles[2] - quartiles[0]
+
+
 # ---------------------------------------------------------------------------------------
 # The table and its chart
 # ---------------------------------------------------------------------------------------
@@ -305,7 +351,9 @@ def markdown(doc):
     if "merged_by" in doc:
         lines += [f"One table of the runs above: `{doc['merged_by']}`.", ""]
     config = doc["parts"][0]["config"]
-    lines += [f"{config['warmup']} warm-up and {config['steps']} timed `fit` steps per cell, "
+    lines += [f"{config['warmup']} warm-up and {config['steps']} timed `fit` steps per cell "
+              "(a wrapped step that measures itself warms up until it has settled: up to "
+              f"{config['warmup']} steps more), "
               "each cell a fresh process, one at a time; one repeated batch; momentum SGD, "
               "XLA off. `device peak`: the allocator's most during a timed step; "
               "`transient`: the most of a step's peak minus the bytes in use before it "
@@ -333,10 +381,13 @@ def _variant_title(row, config):
     variant = row["variant"]
     if variant.startswith("remat:"):
         return f"`RematScope(\"{variant.split(':', 1)[1]}\")`"
+    budget = f" ({row['budget'] / _MiB:.0f} MiB)" if "budget" in row else ""
     if variant == "ome:budget":
-        budget = f" ({row['budget'] / _MiB:.0f} MiB)" if "budget" in row else ""
         return (f"ome, `memory_budget=` {config['budget_fraction']:.2f} x plain's "
                 f"peak{budget}")
+    if variant == "ome:matched":
+        return (f"ome, `memory_budget=` {MATCHED_SHARE:.2f} x the least peak of plain and "
+                f"`RematScope`{budget}")
     return {"plain": "plain `fit`", "remat-blocks": "`keras.remat` blocks of 5 layers",
             "ome": "ome (`wrap` defaults)",
             "ome:keras-update": "ome with Keras's `apply_gradients`"}[variant]
@@ -425,11 +476,15 @@ def _measure(spec):
         model = ome.keras.wrap(model, **spec["ome_options"])
     if spec["variant"] == "ome:keras-update":
         ome.keras._apply_gradients = _keras_apply_gradients  # pylint: disable=protected-access
-    probe = _probe()
-    model.fit(_dataset(spec), epochs=1, steps_per_epoch=spec["warmup"] + spec["steps"],
-              shuffle=False, verbose=0, callbacks=[probe])
-    timed = probe.records[spec["warmup"]:]
-    result = {"peak": max(r["peak"] for r in timed),
+    probe, data = _probe(), _dataset(spec)
+    fit = functools.partial(model.fit, data, epochs=1, shuffle=False, verbose=0,
+                            callbacks=[probe])
+    fit(steps_per_epoch=spec["warmup"])
+    settling = _settling_steps(model, lambda: fit(steps_per_epoch=1), spec["warmup"])
+    probe.records.clear()
+    fit(steps_per_epoch=spec["steps"])
+    timed = probe.records
+    result = {"settling_steps": settling, "peak": max(r["peak"] for r in timed),
               "transient": max(r["peak"] - r["before"] for r in timed),
               "resident": timed[-1]["before"],
               "step_time": statistics.median(r["seconds"] for r in timed),
@@ -448,6 +503,25 @@ def _measure(spec):
                         [f"{spec['model']} {spec['variant']}:", *report.splitlines()]))
         result["explain"] = numbers
     return result
+
+
+def _settling_steps(model, step, most):
+    """Run ``step()`` (one ``fit`` step) until a wrapped model's step that measures itself
+    has settled: a step ran with no new trace nor rebuild, and it holds its budget or has
+    stopped measuring; ``most`` steps at most. Returns how many ran."""
+    import ome  # pylint: disable=import-outside-toplevel
+    from ome.measured_steps import MeasuredSteps  # pylint: disable=import-outside-toplevel
+
+    measured = model.train_function
+    if not isinstance(measured, MeasuredSteps):
+        return 0
+    for ran in range(most):
+        traces, built = len(ome.keras.plans(model)), measured.step
+        step()
+        if measured.phase in ("held", "done") and measured.step is built \
+                and len(ome.keras.plans(model)) == traces:
+            return ran + 1
+    return most
 
 
 def _strategy(replicas):

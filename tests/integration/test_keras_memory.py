@@ -79,3 +79,16 @@ def test_a_small_mlp_measures_ome_below_plain(tmp_path):
     assert len(ome["step_times"]) == 5 and ome["step_time"] > 0
     text = (tmp_path / "table.md").read_text()
     assert "| MLP | plain `fit` |" in text and "| MLP | ome (`wrap` defaults) |" in text
+
+
+def test_ome_matched_takes_the_least_peak_of_plain_and_remat_as_its_budget(tmp_path):
+    assert keras_memory.main(["--models", "mlp", "--variants", "plain", "remat:activations",
+                              "ome:matched", "--mlp-batch", "256", "--warmup", "3", "--out",
+                              str(tmp_path)]) == 0
+    plain, remat, matched = json.loads((tmp_path / "table.json").read_text())["parts"][0]["rows"]
+    assert "error" not in remat and "error" not in matched, (remat, matched)
+    least = min(plain["peak"], remat["peak"])
+    assert matched["budget"] == int(keras_memory.MATCHED_SHARE * least)
+    assert matched["peak"] <= matched["budget"] and matched["settling_steps"] >= 1
+    assert plain["settling_steps"] == remat["settling_steps"] == 0
+    assert "x the least peak of plain and `RematScope`" in (tmp_path / "table.md").read_text()
