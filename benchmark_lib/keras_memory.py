@@ -219,7 +219,7 @@ def _run_child(args, model, variant, plain, rows=()):
         options["memory_budget"] = row["budget"] = int(args.budget_fraction * plain["peak"])
     if variant == "ome:matched":
         least = min(r["peak"] for r in rows if r["model"] == model and _measured_ok(r)
-                    and (r["variant"] == "plain" or r["variant"].startswith("remat")))
+                    and (r["variant"] == "plain" or r["variant"].startswith("remat:")))
         options["memory_budget"] = row["budget"] = int(MATCHED_SHARE * least)
     spec = {"model": model, "variant": variant, "steps": args.steps, "warmup": args.warmup,
             "batch": row["batch"], "size": args.resnet_size, "ome_options": options,
@@ -316,7 +316,7 @@ def _print_remat_verdicts(doc):
             matched = next((r for r in rows if r["model"] == model
                             and r["variant"] == "ome:matched" and _measured_ok(r)), None)
             remats = [r for r in rows if r["model"] == model and _measured_ok(r)
-                      and r["variant"].startswith("remat")]
+                      and r["variant"].startswith("remat:")]
             if matched is None or not remats:
                 continue
             fastest = min(remats, key=lambda r: r["step_time"])

@@ -11,7 +11,7 @@ import math
 
 from ome import errors
 from ome.core import simulate
-from ome.policies.search import optimal
+from ome.policies.search import fitted_or_smallest, optimal
 from ome.core import schedule as schedule_mod
 from ome.core.costs import STATIC, added_seconds
 from ome.core.plans import make_plan, with_estimates, with_gradient_holds
@@ -266,10 +266,10 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     with a ``host_device``). ``static_bytes`` (what stays allocated between steps:
     variables, optimizer slots, or a profile's ``resident_bytes``) count against the
     budget; :func:`headroom` of the budget is left free (:func:`budget_limit`).
-    ``hold_gradients``, ``time_limit``: as :func:`ome.policies.search.optimal`'s (the
-    time limit for each of its searches: one, or a second for the smallest peak when the
-    first finds no plan). Raises :class:`BudgetError` naming the smallest reachable peak
-    when nothing fits.
+    ``hold_gradients``, ``time_limit``: as :func:`ome.policies.search.optimal`'s. Where
+    no plan fits, the same search goes on to the smallest peak
+    (:func:`ome.policies.search.fitted_or_smallest`): a budget that plan meets is not
+    refused; else :class:`BudgetError` names the smallest reachable budget.
     """
     budget = parse_bytes(budget, what="memory budget")
     limit = budget_limit(budget, static_bytes, model)
@@ -278,29 +278,17 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
             f"cannot fit in {format_bytes(budget)}: the variables and optimizer state alone "
             f"take {format_bytes(static_bytes)} and {headroom(model):.0%} of the budget is "
             "left free")
-    try:
-        plan = optimal(view, limit=limit, model=model, pins=pins, host_device=host_device,
-                       hold_gradients=hold_gradients, time_limit=time_limit)
-    except errors.BudgetError as err:
-        smallest = getattr(err, "smallest", None)
-        if smallest is None:
-            raise
-        # the search for the least time under a limit can miss a plan its search for the
-        # smallest peak finds: a budget that plan meets is not refused
-        lowest = optimal(view, model=model, pins=pins, host_device=host_device,
-                         hold_gradients=hold_gradients, time_limit=time_limit)
-        lowest_peak = lowest.estimates["device_peak"]  # simulated, as limit is
-        if lowest_peak <= limit:
-            return _chosen(view, lowest, "budget:optimal", budget, model, static_bytes)
-        smallest = min(smallest, lowest_peak)
+    plan = fitted_or_smallest(view, limit, model=model, pins=pins, host_device=host_device,
+                              hold_gradients=hold_gradients, time_limit=time_limit)
+    smallest = plan.estimates["device_peak"]  # simulated, as limit is
+    if smallest > limit:
         reachable = smallest_budget(smallest, static_bytes, model)
         raise errors.BudgetError(
             f"cannot fit in {format_bytes(budget)}; the smallest reachable is "
             f"{format_bytes(reachable)} (the smallest plan predicts "
             f"{format_bytes(smallest + static_bytes)}, variables included, and "
             f"{headroom(model):.0%} of the budget is left free"
-            f"{'; without a host device to swap to' if host_device is None else ''})"
-        ) from None
+            f"{'; without a host device to swap to' if host_device is None else ''})")
     policy = "budget:none" if plan.changes_nothing() else "budget:optimal"
     return _chosen(view, plan, policy, budget, model, static_bytes)
 

@@ -116,6 +116,24 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     return search.finished(search.fit(limit), limit)
 
 
+def fitted_or_smallest(view, limit, *, model=STATIC, pins=None, host_device=None,
+                       time_limit=DEFAULT_TIME_LIMIT, hold_gradients=False):
+    """``optimal(view, limit=limit, ...)``, or where no plan fits ``limit``, the plan of
+    ``optimal(view, ...)``: the smallest peak, searched on from the same solves (the
+    fit's fall-back made the costly min-peak solve already). The caller compares its
+    ``device_peak`` with ``limit``: the smallest search's descent can find a plan under
+    ``limit`` that the fit missed."""
+    time_limit = _checked_time_limit(time_limit)
+    search = Search(Problem(view, model, pins, host_device, hold_gradients), time_limit)
+    limit = sizes.parse_bytes(limit, what="limit")
+    try:
+        return search.finished(search.fit(limit), limit)
+    except errors.BudgetError as err:
+        if not hasattr(err, "smallest"):
+            raise
+        return search.finished(search.smallest(), None)
+
+
 def frontier(view, limits, *, model=STATIC, pins=None, host_device=None,
              time_limit=DEFAULT_TIME_LIMIT):
     """:class:`FrontierPoint` (limit, simulated peak, added seconds) of the optimal plan
@@ -208,8 +226,11 @@ class Search:
         ``select.auto``'s, then the cheapest plan found at that peak."""
         self.auto()
         # Proving the smallest peak is the hard part (a weak LP bound): keep time for
-        # the cheapest plan at the peak found.
-        trial = self.solve(None, seconds=self.remaining() / 2)
+        # the cheapest plan at the peak found. A min-peak solve made already (a fit's
+        # fall-back) is not made again.
+        trial = next((t for t in self.trials if t.status.solved and t.target is None), None)
+        if trial is None:
+            trial = self.solve(None, seconds=self.remaining() / 2)
         if trial is None:
             log.warning("optimal: HiGHS found no min-peak plan; using select.auto's")
         else:
