@@ -237,6 +237,25 @@ def test_an_infeasible_limit_names_the_smallest_peak_reached():
     assert f"({int(smallest)} bytes" in str(raised.value)
 
 
+def test_a_budget_no_plan_fits_makes_its_min_peak_solve_once_and_names_the_smallest(
+        monkeypatch):
+    view = chain(6)
+    smallest = search.optimal(view).estimates["device_peak"]
+    targets = []
+    solve = problem.Problem.solve
+
+    def recorded(self, target, seconds, starts=()):
+        targets.append(target)
+        return solve(self, target, seconds, starts)
+
+    monkeypatch.setattr(problem.Problem, "solve", recorded)
+    budget = planner.smallest_budget(smallest, 0) - 2 * MiB
+    with pytest.raises(errors.BudgetError, match="the smallest plan predicts") as raised:
+        planner.fit_budget(view, budget)
+    assert targets.count(None) == 1, targets
+    assert planner.format_bytes(planner.smallest_budget(smallest, 0)) in str(raised.value)
+
+
 def test_pins_are_honoured():
     view = chain(6)
     pins = {"a5:0": "recompute", "a1:0": "keep", "a2:0": Decision.SWAP}
