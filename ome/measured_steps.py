@@ -19,12 +19,13 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    budget, the budget the plan is made for is lowered by the excess and a margin, and the
    step built again and checked, at most :data:`MAX_CORRECTIONS` times in all; then
    :class:`ome.errors.BudgetError`, after the variables the step updates are put back
-   as they were before its first step (``state``). With no budget, measuring ends here; a step that
-   peaked more than :data:`MARGIN` above the profiled one on each of its first
-   :data:`JUDGED_RUNS` runs is built with its first plan again, and keeps it (a plan made from measured costs is never kept when it measures
-   worse than the plan it was made from). Where the plans
-   for the budget are refused while the profiled default plan peaked within it, the step
-   runs the default plan, checked as the others (a budget it meets is never refused).
+   as they were before its first step (``state``). With no budget, measuring ends here;
+   a step that peaked more than :data:`MARGIN` above the profiled one on each of its
+   first :data:`JUDGED_RUNS` runs is built with its first plan again, and keeps it (a
+   plan made from measured costs is never kept when it measures worse than the plan it
+   was made from). Where the plans for the budget are refused while the profiled
+   default plan peaked within it, the step runs the default plan, checked as the others
+   (a budget it meets is never refused).
    Within the budget but under :data:`USE` of it, where the plan predicted more than it
    measured, the budget the plan is made for is raised by half that error, and the step
    built again and checked, at most :data:`MAX_RAISES` times: a plan that leaves the
@@ -49,8 +50,8 @@ from ome.tf.profile import profile_steps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COST_POLICIES", "JUDGED_RUNS", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement", "link_bytes",
-           "replayed_peak", "swap_host"]
+__all__ = ["COST_POLICIES", "JUDGED_RUNS", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement",
+           "link_bytes", "replayed_peak", "swap_host"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
