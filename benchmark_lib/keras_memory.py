@@ -35,8 +35,8 @@ warm-up ones (5 of each by default, and for a wrapped step that measures itself,
 one at a time, until a step ran with no new plan and the measured step holds its budget
 or is done: up to as many again). The verdicts compare ``ome:matched`` with each
 ``RematScope`` mode that ran: lower transient, and step time no more than the best one's
-by more than the larger of the two cells' spreads (interquartile ranges). A variant that raises is recorded as crashed, with the first line of
-its error.
+by more than the larger of the two cells' spreads (interquartile ranges). A variant that
+raises is recorded as crashed, with the first line of its error.
 
 ``--replicas 2`` trains under ``tf.distribute.MirroredStrategy`` on two logical CPU
 devices, the batch being the global one (each replica gets half). The logical CPU devices
@@ -205,7 +205,7 @@ def _skip_reason(model, variant, plain):
     return None
 
 
-def _run_child(args, model, variant, plain, rows=()):
+def _run_child(args, model, variant, plain, rows):
     """Measure one (model, variant) in a fresh process; its result dict (``plain``: the
     model's plain row, which ``ome:budget`` takes its budget from; ``rows``: those measured
     before, which ``ome:matched`` takes its budget from)."""
