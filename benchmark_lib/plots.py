@@ -178,7 +178,7 @@ def max_batch_plot(summaries, out_dir):
     return path
 
 
-def ratio_panels(panels, path, labels, columns=3):
+def ratio_panels(panels, path, labels, columns=3, ylabel="ratio to plain fit"):
     """Bars of two ratios per item, one panel per ``(title, items)`` of ``panels``; each
     item ``(name, first, second, missing)``, ``missing`` written in place of the bars when
     a ratio is None. ``labels``: the two ratios' names. A line marks 1. Returns ``path``."""
@@ -187,7 +187,7 @@ def ratio_panels(panels, path, labels, columns=3):
     fig, axes = plt.subplots(rows, min(columns, len(panels)), squeeze=False,
                              figsize=(5.5 * min(columns, len(panels)), 4.2 * rows))
     for ax, (title, items) in zip(axes.flat, panels):
-        _ratio_panel(ax, title, items, labels)
+        _ratio_panel(ax, title, items, labels, ylabel)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     fig.tight_layout()
@@ -196,7 +196,7 @@ def ratio_panels(panels, path, labels, columns=3):
     return path
 
 
-def _ratio_panel(ax, title, items, labels):
+def _ratio_panel(ax, title, items, labels, ylabel):
     width = 0.4
     for place, (_, first, second, missing) in enumerate(items):
         if first is None or second is None:
@@ -213,7 +213,7 @@ def _ratio_panel(ax, title, items, labels):
     ax.set_xticks(range(len(items)), [item[0] for item in items], rotation=35, ha="right",
                   fontsize="small")
     ax.set_title(title)
-    ax.set_ylabel("ratio to plain fit")
+    ax.set_ylabel(ylabel)
     from matplotlib.patches import Patch  # pylint: disable=import-outside-toplevel
 
     ax.legend(handles=[Patch(color="C0", label=labels[0]), Patch(color="C1", label=labels[1])],

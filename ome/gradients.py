@@ -450,6 +450,11 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
                 tf.compat.v1.train.export_meta_graph(graph=graph), clear_devices=False)
         else:
             tf.graph_util.import_graph_def(graph.as_graph_def(), name="")
+    # A GraphDef drops what a tf.function knows of its captured variables (their handles'
+    # shapes), so reads of them, and all after, would have unknown sizes in the copy.
+    for op in graph.get_operations():
+        for tensor in op.outputs:
+            scratch.get_tensor_by_name(tensor.name).set_shape(tensor.shape)
     tfprivate.copy_gradient_caches(graph, scratch)
 
     def local(t):
@@ -529,8 +534,8 @@ def plan(ys, xs, grad_ys=None, *, name="gradients", checkpoints="auto", pin=None
     options.model = options.model.in_scope(scope)
     scratch, view = _scratch_view(ys, xs, grad_ys, scope, options.sizing_batch,
                                   {"gate_gradients": False})
-    with scratch.as_default():
-        return make_policy_plan(view, options, scratch)
+    with scratch.as_default():  # what stays allocated is the step's graph's to tell
+        return make_policy_plan(view, options, ys[0].graph)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -22,6 +22,7 @@ MODULES = (
     "benchmark_lib.modes.frontier",
     "benchmark_lib.modes.pipeline",
     "benchmark_lib.modes.interleaved",
+    "benchmark_lib.modes.xla",
 )
 
 #: Arguments of the modes that measure runs in workers (the sweep and --max-batch).

@@ -1,7 +1,8 @@
 """ome.GradientTape: tf.GradientTape's contract with ome's gradients.
 
 Graph-mode behaviour is tested here (this process runs in graph mode, see conftest.py);
-tf.function, eager mode and a Keras custom loop run in tests/scripts/keras_tape.py.
+tf.function, eager mode, a Keras custom loop and ome.plan inside tf.function run in
+tests/scripts/keras_tape.py.
 """
 import numpy as np
 import pytest
@@ -94,7 +95,7 @@ def test_tf_function_eager_and_keras_custom_loop():
     lines = run_script("keras_tape.py")
     assert [line.split(":")[0] for line in lines] == [
         "OK same as tf.GradientTape", "OK non-persistent tape used twice", "OK eager",
-        "OK keras custom loop"], lines
+        "OK keras custom loop", "OK plan inside tf.function"], lines
 
 
 def test_an_ome_error_inside_tf_function_keeps_its_type(model):
@@ -112,3 +113,4 @@ def test_an_ome_error_inside_tf_function_keeps_its_type(model):
 
     with pytest.raises(errors.BudgetError, match="cannot fit in 1.0 KiB"):
         step(x)
+

@@ -667,7 +667,7 @@ def test_every_mode_has_a_flag_or_is_the_default():
     modes = all_modes()
     assert modes[0].name == "sweep" and modes[0].flag is None
     assert {m.flag for m in modes[1:]} == {"--max-batch", "--rewrite-timing", "--simulator-check",
-                                         "--frontier", "--pipeline", "--interleaved"}
+                                         "--frontier", "--pipeline", "--interleaved", "--xla"}
     assert all(m.options <= {a.dest for a in cli.make_parser(modes)._actions} for m in modes)
 
 
