@@ -267,10 +267,15 @@ class MeasuredSteps:
                 costs, bandwidth=host.measure_bandwidth(link, nbytes),
                 transfer_overlap=host.measure_overlap(link, nbytes))
         self.profile_seconds = time.perf_counter() - start
-        self.cost_model = costs
-        self.overrides = {"cost_model": costs}
-        if self.budget is not None:
+        if self._compiled():
+            # XLA: the profile holds one compiled cluster, not the ops a replay needs; the
+            # plan's static prediction stands in for it, the measured peak corrects it
+            costs, replayed = None, self.estimates().get("device_peak")
+        else:
             replayed = replayed_peak(plans[-1], costs) if plans else None
+        self.cost_model = costs
+        self.overrides = {} if costs is None else {"cost_model": costs}
+        if self.budget is not None:
             error = 0 if replayed is None else max(0, peak - replayed)
             self.overrides["memory_budget"] = self.budget - error - int(CREEP * self.budget)
             log.info("%s: the profiled step peaked at %s, %s over its replay's %s: the budget "
@@ -343,7 +348,7 @@ class MeasuredSteps:
     def _compiled(self):
         """Whether every plan of the step was made for an XLA-compiled step."""
         plans = self.plans()
-        return bool(plans) and all(info.xla for _, info in plans)
+        return bool(plans) and all(getattr(info, "xla", False) for _, info in plans)
 
     def _raised(self, peak, predicted):
         """Whether the step, within its budget but peaking under :data:`USE` of it below
