@@ -10,12 +10,14 @@ budget is measured too where its tapes' policy plans better from measured costs
 (``ome.measured_steps.COST_POLICIES``: ``checkpoints="auto"``, ``"speed"``, ``"optimal"``).
 """
 import functools
+import inspect
 import logging
 
 import tensorflow as tf
 
 from ome import errors
 from ome.core import sizes
+from ome.gradients import check_options
 from ome.measured_steps import MeasuredSteps, asks_measurement, swap_host
 from ome.tape import tracing_step
 from ome.tf import snapshot
@@ -63,12 +65,32 @@ def function(func=None, **tf_function_options):
     ...     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     ...     return loss
     """
+    _check_tf_function_options(tf_function_options)
     if func is None:
         return functools.partial(function, **tf_function_options)
     if not callable(func):
         raise errors.InvalidTypeError(
             f"ome.function needs the step's Python function, got {type(func).__name__}")
     return _MeasuredFunction(func, tf_function_options)
+
+
+def _check_tf_function_options(options):
+    """Refuse, when given, an option ``tf.function`` does not take; one of ome's is named
+    with the place it goes."""
+    accepted = set(inspect.signature(tf.function).parameters) - {"func"}
+    for name in options:
+        if name in accepted:
+            continue
+        if name in _TAPE_OPTIONS:
+            raise errors.InvalidArgumentError(
+                f"ome.function takes tf.function's options, not {name}=: give it to the "
+                f"tape inside the step, ome.GradientTape({name}=...)")
+        raise errors.InvalidArgumentError(
+            f"ome.function got an option tf.function does not take: {name}=; it takes "
+            f"{', '.join(sorted(accepted))}")
+
+
+_TAPE_OPTIONS = frozenset(inspect.signature(check_options).parameters)
 
 
 class _MeasuredFunction:

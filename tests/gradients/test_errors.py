@@ -278,3 +278,20 @@ def test_front_doors_check_their_options_when_given(graph, front_door, options, 
     """ome.patch(...) and ome.GradientTape(...) refuse a bad option when it is given, before
     any gradient is built (ome.keras.wrap: tests/scripts/keras_errors.py)."""
     raises_unchanged(graph, error, words, lambda: front_door(**options))
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"memory_budget": "300MiB"}, "not memory_budget=: give it to the tape inside the step"),
+    ({"swap": "auto"}, r"ome\.GradientTape\(swap=\.\.\.\)"),
+    ({"jit_compiled": True}, "an option tf.function does not take: jit_compiled="),
+])
+def test_ome_function_checks_its_options_when_given(graph, options, words):
+    """ome.function takes tf.function's options; a tape's option, or a misspelt one, is
+    refused at decoration, with the place it goes, not at the first call."""
+    def step():
+        return tf.constant(1.0)
+
+    raises_unchanged(graph, errors.InvalidArgumentError, words,
+                     lambda: ome.function(step, **options))
+    raises_unchanged(graph, errors.InvalidArgumentError, words,
+                     lambda: ome.function(**options))
