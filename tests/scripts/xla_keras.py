@@ -2,7 +2,8 @@
 
 Run by tests/xla/test_xla.py. Prints ``OK <name>`` lines; a failed check raises. The twins
 start from the same weights; the loss histories must be equal and the wrapped model's
-device peak lower, with a plan that recomputed something.
+device peak lower, with a plan that recomputed something; a third, wrapped with a budget of
+plain's peak, holds it.
 """
 import os
 
@@ -23,7 +24,7 @@ y = np.random.RandomState(1).randn(1024, 256).astype("float32")
 data = tf.data.Dataset.from_tensors((x, y)).repeat()
 
 
-def train(wrap):
+def train(wrap, **options):
     """Four epochs of two steps; returns (model, losses, device peak of the last epoch
     in bytes)."""
     keras.utils.set_random_seed(0)
@@ -31,7 +32,7 @@ def train(wrap):
                              [keras.layers.Dense(256, activation="tanh") for _ in range(12)])
     model.compile(optimizer="sgd", loss="mse", jit_compile=True)
     if wrap:
-        model = ome.keras.wrap(model)
+        model = ome.keras.wrap(model, **options)
     losses = model.fit(data, steps_per_epoch=2, epochs=3, verbose=0).history["loss"]
     tf.config.experimental.reset_memory_stats("CPU:0")
     losses += model.fit(data, steps_per_epoch=2, epochs=1, verbose=0).history["loss"]
@@ -51,3 +52,10 @@ print(f"OK keras jit fit: losses equal plain XLA fit's ({len(plan.recomputed)} t
 assert ome_peak < 0.9 * plain_peak, (plain_peak, ome_peak)
 print(f"OK keras jit fit: device peak {ome_peak / 2**20:.1f} MiB against plain's "
       f"{plain_peak / 2**20:.1f}")
+
+budget = plain_peak
+model, budget_losses, budget_peak = train(wrap=True, memory_budget=budget)
+assert budget_losses == plain_losses, (plain_losses, budget_losses)
+assert budget_peak <= budget, (budget, budget_peak)
+print(f"OK keras jit fit with a budget: device peak {budget_peak / 2**20:.1f} MiB within "
+      f"{budget / 2**20:.1f}, losses equal plain XLA fit's")

@@ -34,9 +34,10 @@ def test_swapping_under_xla_is_refused():
     assert lines == ["OK swap refused under XLA: swap='auto' and a swap list"]
 
 
-def test_keras_fit_with_jit_compile_equals_plain_and_peaks_lower():
+def test_keras_fit_with_jit_compile_equals_plain_peaks_lower_and_holds_a_budget():
     lines = run_script("xla_keras.py")
-    assert len(lines) == 2 and "losses equal" in lines[0] and "device peak" in lines[1]
+    assert len(lines) == 3 and "losses equal" in lines[0] and "device peak" in lines[1]
+    assert "with a budget" in lines[2]
 
 
 def test_ome_function_with_jit_compile_equals_plain():
