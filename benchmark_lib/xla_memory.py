@@ -41,7 +41,7 @@ from benchmark_lib import catalog, child_runs  # noqa: E402
 from benchmark_lib.environment import command_line, machine_info, now, source_commit  # noqa: E402
 from benchmark_lib.units import MiB, one_line  # noqa: E402
 
-__all__ = ["MODELS", "STRATEGIES", "DEFAULT_MODELS", "main", "markdown"]
+__all__ = ["MODELS", "STRATEGIES", "DEFAULT_MODELS", "main", "markdown", "build_model"]
 
 #: Models this mode builds: its own two, then the benchmark's image models.
 MODELS = ("mlp", "gpt") + tuple(catalog.MODELS)
@@ -258,7 +258,7 @@ def _measure(spec):
     if spec["strategy"] in SWAPPING:
         ome.host.emulate_host()  # so that the refusal is XLA's, not a missing host's
     tf.random.set_seed(0)  # every process makes the same initial weights
-    loss_of, variables, inputs = _model(spec["model"])
+    loss_of, variables, inputs = build_model(spec["model"])
     rate = LEARNING_RATES.get(spec["model"], IMAGE_LEARNING_RATE)
     facts = {}
 
@@ -291,7 +291,7 @@ def _measure(spec):
             "predicted": facts.get("estimates", {}).get("device_peak")}
 
 
-def _model(name):
+def build_model(name):
     """``(loss_of(*inputs), variables, inputs)`` of model ``name``, its variables made."""
     # pylint: disable=import-outside-toplevel
     import numpy as np

@@ -192,14 +192,14 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
         for reader, triggers in sched.deferred:
             _wait_for(ops[reader], [ops[t] for t in triggers])
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("order"):
-        info.ordered = _enforce_order(graph, view, plan, reads, copies, swapped_in)
+        info.ordered = _enforce_order(graph, view, plan, reads, copies, swapped_in, xla=xla)
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("unmerged"):
         _keep_apart(graph)
     info.added_ops = len(graph.get_operations()) - before
     return info
 
 
-def _enforce_order(graph, view, plan, reads, copies, swapped_in):
+def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
     """Make each event of :func:`ome.core.schedule.enforced_order` wait for the one before it,
     unless it reads it already, and each pair of ``Schedule.side_by_side`` both wait for
     the event before the pair and the next event for both; returns how many were made to
@@ -240,8 +240,11 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in):
             if op in swap_ins:
                 tfprivate.add_control_inputs(op, waits)
             else:
-                i = next(i for i, t in enumerate(op.inputs) if _can_wait(t))
-                tfprivate.update_input(op, i, _gated(op.inputs[i], waits, op.name))
+                tied = _tied_after(op.inputs, waits, op.name) if xla else None
+                if tied is None:
+                    i = next(i for i, t in enumerate(op.inputs) if _can_wait(t))
+                    tied = i, _gated(op.inputs[i], waits, op.name)
+                tfprivate.update_input(op, *tied)
             waited += 1
     return waited
 
@@ -405,6 +408,26 @@ def _wait_for(op, waited):
     the step) run after the ops ``waited``, its first input passed through
     :func:`_gated`."""
     tfprivate.update_input(op, 0, _gated(op.inputs[0], waited, op.name))
+
+
+_MATERIALIZED = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+                           "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
+                           "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                           "DepthwiseConv2dNativeBackpropFilter", "Conv3D",
+                           "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"})
+
+
+def _tied_after(inputs, waited, name):
+    """Under XLA, which drops control inputs: ``(i, input i computed from the values of
+    the waited ops' outputs too)`` (:func:`ome.tf.xla.tied`) for the first float input,
+    so XLA runs its reader after them; None where no input is a float or no waited op has
+    an output to tie to."""
+    sources = [out for out in (next((t for t in op.outputs if xla_mod.can_tie(t.dtype)), None)
+                               for op in waited if op.type in _MATERIALIZED) if out is not None]
+    i = next((i for i, t in enumerate(inputs) if _floating(t)), None)
+    if i is None or not sources:
+        return None
+    return i, xla_mod.tied(inputs[i], sources, name=name + "_ordered")
 
 
 def _gated(tensor, waited, name):

@@ -43,3 +43,8 @@ def test_keras_fit_with_jit_compile_equals_plain_peaks_lower_and_holds_a_budget(
 def test_ome_function_with_jit_compile_equals_plain():
     lines = run_script("xla_checks.py", "function")
     assert len(lines) == 1 and "losses of 4 steps equal" in lines[0]
+
+
+def test_xla_keeps_the_plans_order_and_its_saving_on_resnet18():
+    lines = run_script("xla_checks.py", "order")
+    assert len(lines) == 1 and "kept in the plan's order" in lines[0]
