@@ -324,14 +324,17 @@ def make_policy_plan(view, options, graph):
     resident = options.model.resident_bytes
     static_bytes = measure.resident_bytes(graph) if resident is None else resident
     view = options.model.sized(view)
-    plan = _held(view, _policy_plan(view, options, static_bytes), options, static_bytes)
+    min_saving = planner.XLA_MIN_SAVING if xla.compiled(graph) else planner.MIN_SAVING
+    plan = _held(view, _policy_plan(view, options, static_bytes, min_saving), options,
+                 static_bytes)
     if options.wait_for_leaves:
         plan = plans.with_leaf_waits(view, plan)
     return planner.side_by_side(view, plan, options.model, static_bytes)
 
 
-def _policy_plan(view, options, static_bytes):
-    """The plan of the policy (or budget) ``options`` name, predicted."""
+def _policy_plan(view, options, static_bytes, min_saving):
+    """The plan of the policy (or budget) ``options`` name, predicted; plain backprop's
+    where it is not predicted to save ``min_saving`` of plain's peak."""
     if options.budget is not None:
         return planner.fit_budget(
             view, options.budget, host_device=options.host_device, model=options.model,
@@ -385,7 +388,7 @@ def _policy_plan(view, options, static_bytes):
     plan = planner.with_predictions(view, plan, options.model, static_bytes)
     if not options.user_decided():
         assumed = options.batch_size is None and options.sizing_batch is not None
-        plan = _no_worse_than_plain(view, plan, options.model, static_bytes,
+        plan = _no_worse_than_plain(view, plan, options.model, static_bytes, min_saving,
                                     assumed_batch=options.sizing_batch if assumed else None)
     return plan
 
@@ -408,22 +411,22 @@ def _held(view, plan, options, static_bytes):
     return held
 
 
-def _no_worse_than_plain(view, plan, model, static_bytes, *, assumed_batch=None):
+def _no_worse_than_plain(view, plan, model, static_bytes, min_saving, *, assumed_batch=None):
     """``plan``, or plain backprop when the simulator predicts ``plan`` saves less than
-    :data:`ome.policies.planner.MIN_SAVING` of plain's peak: ome never raises memory by its own
-    choice, nor rewrites the graph for nothing. ``assumed_batch``: the rows an unknown batch
-    dimension was sized as, named in the warning (a small stand-in can hide the saving)."""
+    ``min_saving`` of plain's peak (:data:`ome.policies.planner.MIN_SAVING`, under XLA
+    ``XLA_MIN_SAVING``): ome never raises memory by its own choice, nor rewrites the graph
+    for nothing. ``assumed_batch``: the rows an unknown batch dimension was sized as, named
+    in the warning (a small stand-in can hide the saving)."""
     if plan.changes_nothing():
         return plan
     plain = planner.with_predictions(view, select.keep_all(view), model, static_bytes)
-    if plan.estimates["device_peak"] <= (1.0 - planner.MIN_SAVING) * \
-            plain.estimates["device_peak"]:
+    if plan.estimates["device_peak"] <= (1.0 - min_saving) * plain.estimates["device_peak"]:
         return plan
     unknown = assumed_batch is not None and any(
         None in (t.shape or ()) for t in view.tensors.values())
     log.warning("checkpoints=%r: the predicted peak (%s) is not %.1f%% below plain "
                 "backprop's (%s) on this graph, so ome builds plain tf.gradients%s", plan.policy,
-                sizes.format_bytes(plan.estimates["device_peak"]), 100 * planner.MIN_SAVING,
+                sizes.format_bytes(plan.estimates["device_peak"]), 100 * min_saving,
                 sizes.format_bytes(plain.estimates["device_peak"]),
                 f" (its batch dimension is unknown and was sized as {assumed_batch} rows: pass "
                 "batch_size=, one replica's batch, to plan at its real size)" if unknown else "")

@@ -152,6 +152,10 @@ def _within(view, limit, seconds, policy, floor, search):
 # it rather than plain tf.gradients: below it the prediction differs from plain's by a
 # few small tensors freed a little sooner, which no rewrite is worth.
 MIN_SAVING = 0.001
+# The same under XLA, which fuses and orders the ops itself where the simulator replays
+# ome's order, and whose buffers for a plan predicted to save 2% came out above plain's
+# (docs/ALGORITHM.md, section 8).
+XLA_MIN_SAVING = 0.05
 
 
 def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=False):

@@ -11,7 +11,8 @@ process turns off). Each check prints ``OK <name>``; a failed check raises.
 - ``specials``: the same gradients when the incoming gradient holds NaN, Inf and -0.0;
 - ``swap``: swapping under XLA is refused with ``ome.errors.UnsupportedGraphError``;
 - ``function``: ``ome.function(jit_compile=True)`` measures itself and keeps plain's losses;
-- ``order``: XLA keeps the plan's order of the ops, and so its saving, on ResNet-18.
+- ``order``: XLA keeps the plan's order of the ops, and so its saving, on ResNet-18;
+- ``saving``: a plan predicted to save little is plain ``tf.gradients`` under XLA.
 """
 import os
 import sys
@@ -71,15 +72,16 @@ def check_ties():
     print("OK ties not folded by XLA")
 
 
-def mlp_step(use_ome, output_gradient=None):
-    """A jit-compiled MLP step with its weights updated inside; returns (step, weights)."""
+def mlp_step(use_ome, output_gradient=None, jit_compile=True, **options):
+    """An MLP step (jit-compiled by default) with its weights updated inside, ome's tape
+    given ``options``; returns (step, weights, tapes)."""
     weights = [tf.Variable(tf.random.stateless_normal([WIDTH, WIDTH], [i, 0]) * 0.1)
                for i in range(LAYERS)]
     tapes = []
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=jit_compile)
     def step(x):
-        tape = ome.GradientTape() if use_ome else tf.GradientTape()
+        tape = ome.GradientTape(**options) if use_ome else tf.GradientTape()
         with tape:
             h = x
             for w in weights:
@@ -234,9 +236,23 @@ def check_order():
           f"kept in the plan's order")
 
 
+def check_saving():
+    """A plan predicted to save little is plain tf.gradients under XLA, which orders and
+    fuses the ops itself: the MLP's "speed" plan (keep the matmuls, recompute the tanh),
+    predicted to save 2%, gave XLA more buffers than plain's."""
+    x = tf.random.stateless_normal([BATCH, WIDTH], [7, 7])
+    policies = {}
+    for jit_compile in (False, True):
+        step, _, tapes = mlp_step(True, jit_compile=jit_compile, checkpoints="speed")
+        step.get_concrete_function(x)
+        policies[jit_compile] = tapes[0].plans[0][0].policy
+    assert policies == {False: "speed", True: "speed (no saving: plain)"}, policies
+    print("OK saving: checkpoints='speed' on the MLP is plain under XLA, a plan without")
+
+
 CHECKS = {"buffers": check_buffers, "ties": check_ties, "mlp": check_mlp,
           "specials": check_specials, "swap": check_swap, "function": check_function,
-          "order": check_order}
+          "order": check_order, "saving": check_saving}
 
 if __name__ == "__main__":
     for name in sys.argv[1:]:

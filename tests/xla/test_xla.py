@@ -48,3 +48,8 @@ def test_ome_function_with_jit_compile_equals_plain():
 def test_xla_keeps_the_plans_order_and_its_saving_on_resnet18():
     lines = run_script("xla_checks.py", "order")
     assert len(lines) == 1 and "kept in the plan's order" in lines[0]
+
+
+def test_a_plan_predicted_to_save_little_is_plain_under_xla():
+    lines = run_script("xla_checks.py", "saving")
+    assert len(lines) == 1 and "plain under XLA" in lines[0]
