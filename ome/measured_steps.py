@@ -14,7 +14,10 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
    the step is then built again with ``cost_model=`` what it measured, for the budget
    less :data:`CREEP` of it, and less the error of the replay on the profiled step (how
-   much higher it peaked than its plan's replay under those costs predicts).
+   much higher it peaked than its plan's replay under those costs predicts). An XLA step
+   runs without the profiler (it would see one cluster): within the budget less
+   :data:`CREEP` it keeps its plan, checked from then on; else it is planned from static
+   costs, its plan's static prediction standing in for the replay.
 3. **check**: the device's peak of the rebuilt step is read from the allocator. Over the
    budget, the budget the plan is made for is lowered by the excess and a margin, and the
    step built again and checked, at most :data:`MAX_CORRECTIONS` times in all; then
@@ -269,7 +272,8 @@ class MeasuredSteps:
                                   scope=scope or "gradients")  # the profiled plan's backward
             replayed = replayed_peak(plans[-1], costs) if plans else None
         peak = self.profiled_peak = memory_stats(self.device)["peak"]
-        if compiled and peak <= self.budget - int(CREEP * self.budget):
+        if compiled and self.budget is not None and \
+                peak <= self.budget - int(CREEP * self.budget):
             # static costs know less of an XLA step than its measured peak: a plan that
             # meets the budget is kept, and checked as every later plan is
             log.info("%s: under XLA the step peaked at %s, within the budget of %s: it keeps "

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["function"]
 
+#: What ``ome.GradientTape`` takes, named in the refusal of one given to ``ome.function``.
+_TAPE_OPTIONS = frozenset(inspect.signature(check_options).parameters)
+
 
 def function(func=None, **tf_function_options):
     """``tf.function`` whose ``ome.GradientTape`` budgets are planned from measurements.
@@ -89,8 +92,6 @@ def _check_tf_function_options(options):
             f"ome.function got an option tf.function does not take: {name}=; it takes "
             f"{', '.join(sorted(accepted))}")
 
-
-_TAPE_OPTIONS = frozenset(inspect.signature(check_options).parameters)
 
 
 class _MeasuredFunction:
