@@ -46,7 +46,6 @@ def test_the_table_gives_ratios_to_plain_and_says_how_values_compare():
 
 @pytest.mark.parametrize("argv, message", [
     (["--strategies", "vanilla,grappler-swap"], "grappler-swap does not run under --xla"),
-    (["--strategies", "ome"], "include it"),
     (["--models", "vgg"], "unknown model(s) vgg"),
     (["--steps", "3"], "at least 5"),
     (["--batch-size", "8"], "--batch-size does not apply to --xla"),
