@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["report", "run", "write_json", "write_outputs"]
+__all__ = ["measured_on", "report", "run", "write_json", "write_outputs"]
 
 _PREFIX = "RESULT "
 
@@ -42,3 +42,13 @@ def write_outputs(out, stem, doc, text):
     with open(os.path.join(out, f"{stem}.md"), "w", encoding="utf-8") as f:
         f.write(text)
     print(text)
+
+
+def measured_on(doc):
+    """When and on what the runs of ``doc`` (with ``date``, ``machine`` and
+    ``load_average``) were measured: ``<date> on <n> cores (<cpu>), <memory> GiB, Python
+    <version>; 1-minute load average <before> before, <after> after.``"""
+    info, load = doc["machine"], doc["load_average"]
+    return (f"{doc['date']} on {info.get('cpu_count')} cores ({info.get('processor')}), "
+            f"{(info.get('memory_bytes') or 0) / 2**30:.1f} GiB, Python {info.get('python')}; "
+            f"1-minute load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after.")

@@ -369,12 +369,8 @@ def markdown(doc):
 
 
 def _part_line(part):
-    info, load = part["machine"], part["load_average"]
     return (f"Command: `{part['command']}`, at commit {part['commit']}; measured "
-            f"{part['date']} on {info.get('cpu_count')} cores ({info.get('processor')}), "
-            f"{(info.get('memory_bytes') or 0) / 2**30:.1f} GiB, Python "
-            f"{info.get('python')}; 1-minute load average {load['before'][0]:.2f} before, "
-            f"{load['after'][0]:.2f} after.")
+            f"{child_runs.measured_on(part)}")
 
 
 def _variant_title(row, config):

@@ -150,13 +150,10 @@ def markdown(doc):
     """``table.md`` of a ``table.json`` document: title, command, commit, date and
     machine, then a row per run, grouped by model, each a ratio to its model's plain
     run."""
-    config, info, load = doc["config"], doc["machine"], doc["load_average"]
+    config = doc["config"]
     lines = ["# ome's strategies against plain Keras: never more memory", "",
              f"Command: `{doc['command']}`, at commit {doc['commit']}.", "",
-             f"Measured {doc['date']} on {info.get('cpu_count')} cores "
-             f"({info.get('processor')}), {(info.get('memory_bytes') or 0) / 2**30:.1f} GiB, "
-             f"Python {info.get('python')}; 1-minute load average {load['before'][0]:.2f} "
-             f"before, {load['after'][0]:.2f} after. `keras.applications` models, "
+             f"Measured {child_runs.measured_on(doc)} `keras.applications` models, "
              f"`weights=None`, {config['image']}x{config['image']}, batch {config['batch']}, "
              f"{config['steps']} `train_on_batch` steps per run, each run a fresh process; "
              f"counted: steps 4 on (a wrapped step measures itself over steps 1-3). "

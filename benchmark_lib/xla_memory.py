@@ -155,13 +155,10 @@ def _difference(run, plain):
 def markdown(doc):
     """``table.md`` of a ``table.json`` document: title, command, commit, date and
     machine, then a row per run, each with ratios to its model's plain run."""
-    config, info, load = doc["config"], doc["machine"], doc["load_average"]
+    config = doc["config"]
     lines = ["# Every strategy compiled by XLA (`jit_compile=True`)", "",
              f"Command: `{doc['command']}`, at commit {doc['commit']}.", "",
-             f"Measured {doc['date']} on {info.get('cpu_count')} cores "
-             f"({info.get('processor')}), {(info.get('memory_bytes') or 0) / 2**30:.1f} GiB, "
-             f"Python {info.get('python')}; 1-minute load average {load['before'][0]:.2f} "
-             f"before, {load['after'][0]:.2f} after. One step: the loss, the strategy's "
+             f"Measured {child_runs.measured_on(doc)} One step: the loss, the strategy's "
              f"gradients and an SGD update, one `tf.function(jit_compile=True)` on CPU:0; "
              f"each run a fresh process, {config['warmup']} warm-up and {config['steps']} timed "
              f"steps. `XLA buffers`: the sum of the optimized HLO's buffer allocations; "
