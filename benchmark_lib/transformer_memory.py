@@ -162,11 +162,7 @@ def _measure_memory(row, steps):
     forward = _read_by_backward(step)
     with _session(row) as session:
         session.run(step.train_op, step.feed_dict)  # first-run allocations stay out
-        # Whether the executor forwards a buffer in place depends on thread timing: the
-        # bytes stored vary by a few percent from step to step.
-        traced = [_stored(session, step, forward) for _ in range(TRACED_STEPS)]
-        row["stored"] = statistics.median(requested for requested, _ in traced)
-        row["chunks"] = statistics.median(chunks for _, chunks in traced)
+        row["stored"], row["chunks"] = _stored(session, step, forward)
         measured = measure(session, step.train_op, step.feed_dict, warmup=0, steps=steps,
                            trace=False)
     with row["graph"].as_default():  # the optimizer finds its slots in the default graph
@@ -228,12 +224,23 @@ def _timed_steps(step_seconds, minimum):
 
 
 def _stored(session, step, forward):
-    """``(tensor bytes, chunk bytes)`` allocated in one traced step and alive when the
-    ``forward`` ops ended (see :func:`_alive_after`)."""
-    run_metadata = tf.compat.v1.RunMetadata()
+    """``(tensor bytes, chunk bytes)`` allocated in a traced step and alive when the
+    ``forward`` ops ended (see :func:`_alive_after`), each the median of
+    :data:`TRACED_STEPS` steps.
+
+    What is alive then depends on thread timing from step to step: whether the executor
+    forwards a buffer in place, and when it runs backward ops that read forward values
+    only (the GELU's ``Pow`` gradient, ``x^2``, usually runs during the forward pass; on a
+    loaded machine once after it, 1 MiB less on the tiny GPT)."""
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-    session.run(step.train_op, step.feed_dict, options=options, run_metadata=run_metadata)
-    return _alive_after(run_metadata, forward)
+    traced = []
+    for _ in range(TRACED_STEPS):
+        run_metadata = tf.compat.v1.RunMetadata()
+        session.run(step.train_op, step.feed_dict, options=options,
+                    run_metadata=run_metadata)
+        traced.append(_alive_after(run_metadata, forward))
+    return (statistics.median(requested for requested, _ in traced),
+            statistics.median(chunks for _, chunks in traced))
 
 
 def _read_by_backward(step):

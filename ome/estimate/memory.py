@@ -54,8 +54,8 @@ output 4).
 operations, as in :mod:`models.gpt`: a LayerNorm keeps its centred input and normalised output
 (2 tensors instead of 1); the GELU written as ``x * sigmoid(k (x + c x^3))`` keeps its input,
 the sigmoid and ``x^2`` (3 instead of 1: the ``Pow`` gradient's ``x^2`` depends only on
-forward values, so TensorFlow computes it during the forward pass and holds it); SwiGLU keeps
-gate, sigmoid, SiLU and up (4 instead of 2). In fp32 a GPT layer then keeps
+forward values, so TensorFlow usually computes it during the forward pass and holds it);
+SwiGLU keeps gate, sigmoid, SiLU and up (4 instead of 2). In fp32 a GPT layer then keeps
 ``s*b*h*(106 + 9*a*s/h)``: 66 + 2 * 4 (the second LayerNorm tensors) + 2 * 16 (the GELU's).
 On the zoo's GPTs the tensor bytes alive when the forward pass ends match this figure under
 none, selective and full (with ``dropout_masks="kept"``; ``python -m

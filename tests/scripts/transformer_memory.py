@@ -9,10 +9,11 @@ than twice the size asked (it splits only larger ones), so a 512 KiB dropout mas
 640 KiB or 1 MiB depending on the chunks the allocator already holds. In the test process
 those are whatever earlier tests left, and the measured ``memory_cost`` of one mode moved
 by several MiB with them (selective once measured above 0.8 of none). A fresh process
-starts from an empty allocator. (With one inter-op thread the executor runs the forward
-pass in another order and ``stored`` came out 2 MiB under the benchmark's figure for none
-and selective, so the threads stay the benchmark's.) ``stored`` is the tensor bytes (``requested_bytes``) alive when the forward pass ends,
-which no chunk size affects.
+starts from an empty allocator. (With one inter-op thread the executor runs the GELU's
+``Pow`` gradient after the forward pass and ``stored`` came out 2 MiB under the benchmark's
+figure for none and selective, so the threads stay the benchmark's.) ``stored`` is the
+tensor bytes (``requested_bytes``) alive when the forward pass ends, which no chunk size
+affects, the median of three traced steps as the benchmark takes it.
 """
 import functools
 import json
