@@ -27,6 +27,11 @@ def test_one_float32_step_of_resnet50_equals_keras_bit_for_bit():
     assert run_script("keras_resnet_bits.py")[0].startswith("OK bits resnet50")
 
 
+def test_custom_loop_steps_of_resnet50_equal_plain_bit_for_bit():
+    # @ome.function with ome.GradientTape, momentum SGD, three steps, op determinism on
+    assert run_script("tape_resnet_bits.py")[0].startswith("OK bits custom loop resnet50")
+
+
 def test_updates_run_as_gradients_arrive_with_the_same_weights():
     lines = run_script("keras_updates.py")
     assert lines[0].startswith("OK updates same weights")
