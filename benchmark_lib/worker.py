@@ -169,27 +169,39 @@ def _measure(spec, lock):
               predicted_added_s=estimates.get("added_seconds") if measured else None,
               device_chunk_waste_bytes=m.shared.device_chunk_waste if m.shared else None)
     details["measurement"] = m.to_dict()
+    first_peak = max(details.get("measured_steps", {}).get("first_peaks") or [0])
     if spec.budget is not None and m.device_peak > spec.budget:
         row = dataclasses.replace(row, status="oom",
                                   reason=f"device peak {format_mib(m.device_peak)} MiB exceeds "
                                          f"the budget {format_mib(spec.budget)} MiB")
+    elif spec.budget is not None and first_peak > spec.budget:
+        row = dataclasses.replace(row, status="oom",
+                                  reason=f"the first steps, which measure the step, peaked at "
+                                         f"{format_mib(first_peak)} MiB, over the budget "
+                                         f"{format_mib(spec.budget)} MiB")
     return row, details
 
 
 def _settle(session, step):
     """Run ``step`` in the ``ome.Session`` until each measured call has planned again from
-    its profile (or stopped measuring). Returns the runs it took and the seconds its
-    profile took."""
+    its profile (or stopped measuring). Returns the runs it took, the seconds its profile
+    took, and the device peaks of its first two runs, which measure the step (they
+    swap nothing, so the allocator's peak is the device's)."""
     from ome.measured_steps import MAX_CORRECTIONS
+    from ome.tf.measure import memory_stats, memory_stats_device
 
-    runs = 0
+    device = memory_stats_device(None)
+    runs, first_peaks = 0, []
     while runs < 3 + MAX_CORRECTIONS and not (session.steps and all(
             steps.phase in ("held", "done") for steps in session.steps.values())):
+        memory_stats(device, reset=True)
         session.run(step.train_op, step.feed_dict)
+        if runs < 2:
+            first_peaks.append(memory_stats(device)["peak"])
         runs += 1
     (steps,) = session.steps.values()
     return {"runs": runs, "profile_seconds": round(steps.profile_seconds, 3),
-            "corrections": steps.corrections}
+            "corrections": steps.corrections, "first_peaks": first_peaks}
 
 
 def _strategy_gradients(strategy, made, **offered):
