@@ -15,7 +15,7 @@ from benchmark_lib import protocol
 from benchmark_lib.storage import Row
 from benchmark_lib.units import format_mib, one_line
 
-__all__ = ["main"]
+__all__ = ["judged", "main"]
 
 
 class _LogLineFormatter(logging.Formatter):
@@ -169,17 +169,25 @@ def _measure(spec, lock):
               predicted_added_s=estimates.get("added_seconds") if measured else None,
               device_chunk_waste_bytes=m.shared.device_chunk_waste if m.shared else None)
     details["measurement"] = m.to_dict()
-    first_peak = max(details.get("measured_steps", {}).get("first_peaks") or [0])
-    if spec.budget is not None and m.device_peak > spec.budget:
-        row = dataclasses.replace(row, status="oom",
-                                  reason=f"device peak {format_mib(m.device_peak)} MiB exceeds "
-                                         f"the budget {format_mib(spec.budget)} MiB")
-    elif spec.budget is not None and first_peak > spec.budget:
-        row = dataclasses.replace(row, status="oom",
-                                  reason=f"the first steps, which measure the step, peaked at "
-                                         f"{format_mib(first_peak)} MiB, over the budget "
-                                         f"{format_mib(spec.budget)} MiB")
-    return row, details
+    first_peaks = details.get("measured_steps", {}).get("first_peaks", [])
+    return judged(row, spec.budget, first_peaks), details
+
+
+def judged(row, budget, first_peaks=()):
+    """``row``, or where it or the ``first_peaks`` of the runs that measured its step
+    (:func:`_settle`) peaked over ``budget``, the row as ``oom`` saying which."""
+    if budget is None:
+        return row
+    if row.device_peak_bytes > budget:
+        return dataclasses.replace(
+            row, status="oom", reason=f"device peak {format_mib(row.device_peak_bytes)} MiB "
+                                      f"exceeds the budget {format_mib(budget)} MiB")
+    if max(first_peaks, default=0) > budget:
+        return dataclasses.replace(
+            row, status="oom", reason=f"the first steps, which measure the step, peaked at "
+                                      f"{format_mib(max(first_peaks))} MiB, over the budget "
+                                      f"{format_mib(budget)} MiB")
+    return row
 
 
 def _settle(session, step):

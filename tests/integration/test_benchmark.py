@@ -999,6 +999,21 @@ def test_a_profiled_run_carries_the_plans_prediction():
     assert row.predicted_added_s > 0
 
 
+@pytest.mark.parametrize("first_peaks, status, reason", [
+    ([], "ok", None),
+    ([180 * MiB, 190 * MiB], "ok", None),
+    ([260 * MiB, 190 * MiB], "oom", "the first steps, which measure the step, peaked at 260"),
+])
+def test_a_run_over_its_budget_in_any_step_is_oom(first_peaks, status, reason):
+    from benchmark_lib import worker
+
+    row = worker.judged(_row("ome-budget", peak=200 * MiB), 250 * MiB, first_peaks)
+    assert row.status == status and (reason is None or reason in row.reason), row
+    over = worker.judged(_row("ome-budget", peak=300 * MiB), 250 * MiB, first_peaks)
+    assert over.status == "oom" and "device peak 300" in over.reason
+    assert worker.judged(_row("ome", peak=300 * MiB), None, first_peaks).status == "ok"
+
+
 @pytest.mark.slow  # about a minute: a worker run that measures itself
 def test_an_unprofiled_ome_swap_run_measures_itself_as_a_user_script_would():
     """The default sweep hands ome no profile: ``ome-swap``'s step runs in an
