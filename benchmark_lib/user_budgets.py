@@ -6,7 +6,8 @@ No harness: no cost model handed over, no reserved allocator region. The routes
 - ``--route keras`` (default): a compiled Keras model trained with ``train_on_batch``,
   wrapped by ``ome.keras.wrap(model, memory_budget=B)``;
 - ``--route tape``: a custom loop on the same model, ``@ome.function`` with
-  ``ome.GradientTape(memory_budget=B)`` (plain: ``@tf.function``, ``tf.GradientTape``);
+  ``ome.GradientTape(memory_budget=B)`` and ``ome.keras.apply_gradients`` (plain:
+  ``@tf.function``, ``tf.GradientTape``, the optimizer's ``apply_gradients``);
 - ``--route tf1``: the zoo's graph-mode ResNet-50 (``models.build_train_step``) with
   ``ome.gradients(ys, xs, memory_budget=B)`` in an ``ome.Session`` (plain:
   ``tf.gradients`` in a ``tf.compat.v1.Session``); ``--swap`` adds ``swap="auto"`` on the
@@ -58,7 +59,7 @@ _MiB = 2**20
 _HOW = {
     "keras": "`train_on_batch`; ome's: `ome.keras.wrap(model, memory_budget=B)`",
     "tape": "a custom loop, `@tf.function` with `tf.GradientTape`; ome's: `@ome.function` "
-            "with `ome.GradientTape(memory_budget=B)`",
+            "with `ome.GradientTape(memory_budget=B)` and `ome.keras.apply_gradients`",
     "tf1": "`models.build_train_step` in graph mode, `tf.gradients` in a "
            "`tf.compat.v1.Session`; ome's: `ome.gradients(ys, xs, memory_budget=B)` in an "
            "`ome.Session` made before the step",

@@ -4,7 +4,8 @@ a time, plain TensorFlow's or ome's, as README shows each route.
 - ``keras``: a compiled Keras model, ``train_on_batch``; ome's is ``ome.keras.wrap(model,
   **options)``.
 - ``tape``: a custom loop on the same Keras model, ``@tf.function`` with
-  ``tf.GradientTape``; ome's is ``@ome.function`` with ``ome.GradientTape(**options)``.
+  ``tf.GradientTape``; ome's is ``@ome.function`` with ``ome.GradientTape(**options)`` and
+  ``ome.keras.apply_gradients``.
 - ``tf1``: the zoo's graph-mode ResNet-50 (``models.build_train_step``) in a
   ``tf.compat.v1.Session`` with ``tf.gradients``; ome's takes ``ome.gradients(ys, xs,
   **options)`` in an ``ome.Session`` made before the step is built.
@@ -139,8 +140,9 @@ def keras_route(spec, options):
 
 
 def tape_route(spec, options):
-    """A custom loop on the model: ``@tf.function`` and ``tf.GradientTape``, or, with
-    ``options``, ``@ome.function`` and ``ome.GradientTape(**options)``."""
+    """A custom loop on the model: ``@tf.function``, ``tf.GradientTape`` and the optimizer's
+    ``apply_gradients``, or, with ``options``, ``@ome.function``,
+    ``ome.GradientTape(**options)`` and ``ome.keras.apply_gradients``."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     import ome  # pylint: disable=import-outside-toplevel
@@ -149,15 +151,16 @@ def tape_route(spec, options):
     x, y = tf.constant(x), tf.constant(y)
     variables = model.trainable_variables
     model.optimizer.build(variables)  # its slots exist before any trace
-    decorate, tape = (tf.function, tf.GradientTape) if options is None else \
-        (ome.function, lambda: ome.GradientTape(**options))
+    decorate, tape, apply = (tf.function, tf.GradientTape, _optimizer_apply) \
+        if options is None else \
+        (ome.function, lambda: ome.GradientTape(**options), ome.keras.apply_gradients)
 
     @decorate
     def train_step(inputs, targets):
         with tape() as recorded:
             loss = model.loss(targets, model(inputs, training=True))
         grads = recorded.gradient(loss, variables)
-        model.optimizer.apply_gradients(zip(grads, variables))
+        apply(model.optimizer, zip(grads, variables))
         return loss
 
     if options is None:
@@ -165,6 +168,10 @@ def tape_route(spec, options):
     return Route(lambda: float(train_step(x, y)),
                  measured=lambda: train_step.steps,
                  plan=lambda: train_step.plans[-1] if train_step.plans else None)
+
+
+def _optimizer_apply(optimizer, grads_and_vars):
+    optimizer.apply_gradients(grads_and_vars)
 
 
 def tf1_route(spec, options):

@@ -32,7 +32,7 @@ from ome.tf import measure, snapshot, tfprivate
 
 log = logging.getLogger(__name__)
 
-__all__ = ["wrap", "plans", "measured_cost_model"]
+__all__ = ["wrap", "plans", "measured_cost_model", "apply_gradients"]
 
 # ome.gradients parameters the train step sets itself.
 _STEP_SETS = frozenset({"ys", "xs", "grad_ys", "name", "return_info", "unconnected_gradients"})
@@ -194,6 +194,38 @@ class _TrainStep:
         else:
             warnings.warn("The model does not have any trainable weights.")
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def apply_gradients(optimizer, grads_and_vars):
+    """``optimizer.apply_gradients(grads_and_vars)`` for a custom training loop, with each
+    variable's update run as soon as its gradient is ready, as ``wrap`` has ``fit`` do.
+
+    Call it where a custom loop's ``tf.function`` (or ``ome.function``) step calls
+    ``optimizer.apply_gradients``. Keras's optimizer makes every update wait for every
+    gradient and computes parts of the updates (SGD's ``momentum * m``) at the start of the
+    step, so they are held through backprop; here the same update ops run as their own
+    gradients arrive (:func:`_apply_gradients`). The values are the optimizer's own. Under
+    a ``tf.distribute`` strategy, or run eagerly, it is ``optimizer.apply_gradients``.
+
+    Parameters
+    ----------
+    optimizer : a Keras 3 optimizer (``keras.optimizers.Optimizer``).
+    grads_and_vars : pairs ``(gradient, variable)``, as ``optimizer.apply_gradients`` takes.
+
+    Raises
+    ------
+    ome.errors.InvalidTypeError
+        ``optimizer`` is not a Keras optimizer.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise errors.InvalidTypeError(
+            f"ome.keras.apply_gradients needs a Keras optimizer, got "
+            f"{type(optimizer).__name__}")
+    pairs = list(grads_and_vars)
+    if tf.executing_eagerly():  # each op runs as it is called: there is no order to change
+        optimizer.apply_gradients(pairs)
+        return
+    _apply_gradients(optimizer, [g for g, _ in pairs], [v for _, v in pairs])
 
 
 def _apply_gradients(optimizer, grads, weights):

@@ -32,6 +32,13 @@ def test_custom_loop_steps_of_resnet50_equal_plain_bit_for_bit():
     assert run_script("tape_resnet_bits.py")[0].startswith("OK bits custom loop resnet50")
 
 
+def test_custom_loop_updates_as_gradients_arrive_same_values_lower_peak():
+    lines = run_script("custom_loop_updates.py")
+    assert lines[0].startswith("OK same losses and weights bit for bit")
+    assert lines[1].startswith("OK lower transient peak")
+    assert lines[2:] == ["OK eagerly the optimizer's own call", "OK a non-optimizer is refused"]
+
+
 def test_updates_run_as_gradients_arrive_with_the_same_weights():
     lines = run_script("keras_updates.py")
     assert lines[0].startswith("OK updates same weights")
