@@ -230,8 +230,8 @@ def _stored(session, step, forward):
 
     What is alive then depends on thread timing from step to step: whether the executor
     forwards a buffer in place, and when it runs backward ops that read forward values
-    only (the GELU's ``Pow`` gradient, ``x^2``, usually runs during the forward pass; on a
-    loaded machine once after it, 1 MiB less on the tiny GPT)."""
+    only (the GELU's ``Pow`` gradient, ``x^2``, usually runs during the forward pass, but
+    on a loaded machine may run after it)."""
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     traced = []
     for _ in range(TRACED_STEPS):
