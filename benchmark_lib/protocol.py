@@ -34,7 +34,12 @@ class RunSpec:
     sweep's rounds time the steps), so the steps run holding the lock shared, beside other
     workers' building and memory runs, and only the rounds wait for them. ``reserve``:
     the worker gives the emulated accelerator's allocator one region at the start
-    (:func:`ome.host.reserve_device_memory`); False lets it grow.
+    (:func:`ome.host.reserve_device_memory`); False lets it grow. ``profile_out``: a file
+    the worker writes the profile of a step that measured itself to (its batch, captured
+    view and measured cost model). ``first_costs``: such a file, of another batch: scaled
+    to this run's batch (:mod:`ome.core.batch_scaling`), its cost model goes to a strategy
+    that takes one, whose step then runs its first steps with the plan it makes
+    (:func:`ome.measured_steps.first_plan`) and measures itself as without it.
     """
 
     model: str
@@ -48,6 +53,8 @@ class RunSpec:
     profile: bool = False
     timed: bool = True
     reserve: bool = True
+    profile_out: Optional[str] = None
+    first_costs: Optional[str] = None
     task: str = "run"
 
 

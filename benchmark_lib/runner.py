@@ -74,13 +74,15 @@ class Runner:
         row = self.rows.get(key)
         return row if row is not None and row.finished else None
 
-    def measure(self, key):
-        """Measure run ``key`` in a worker, record and save its row; return ``(row, seconds)``."""
+    def measure(self, key, **spec_fields):
+        """Measure run ``key`` in a worker (its :class:`RunSpec` with ``spec_fields``
+        replaced), record and save its row; return ``(row, seconds)``."""
         image = self.config.image_sizes[key.model]
         self.console.say(f"start {key} image {image}x{image}")
         started = time.monotonic()
+        spec = dataclasses.replace(self.config.spec(key, self.pool.measure_lock), **spec_fields)
         try:
-            result = self.pool.call(self.config.spec(key, self.pool.measure_lock),
+            result = self.pool.call(spec,
                                     timeout=self.config.timeout,
                                     on_log=_echo(key, self.console.say))
             row, details = Row.from_dict(result["row"]), result.get("details", {})

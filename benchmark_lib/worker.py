@@ -7,6 +7,7 @@ strategies have somewhere to swap to.
 """
 import contextlib
 import dataclasses
+import json
 import logging
 import sys
 import time
@@ -113,6 +114,9 @@ def _measure(spec, lock):
         if spec.profile and "cost_model" in baselines.options_of(spec.strategy):
             costs = _profile(spec, lock)
             details["cost_model"] = str(costs)
+        elif spec.first_costs and "cost_model" in baselines.options_of(spec.strategy):
+            costs = _scaled_profile(spec.first_costs, spec.batch_size)
+            details["first_costs"] = costs.source
         gradients = _strategy_gradients(spec.strategy, made, memory_budget=spec.budget,
                                         batch_size=spec.batch_size, cost_model=costs)
         graph = tf.Graph()
@@ -145,6 +149,7 @@ def _measure(spec, lock):
                     if measuring:  # the plan the measured steps ran
                         (call,) = session.steps
                         info.update(baselines.plan_facts(*session.plans(call)[-1]))
+                        _save_profile(spec, session, call)
     except (errors.OutOfMemoryError, tf.errors.ResourceExhaustedError, errors.BudgetError) as exc:
         # a planner that cannot meet memory_budget says the batch does not fit: oom, not error
         return Row(**base, status="oom", reason=_first_lines(exc)), details
@@ -193,8 +198,8 @@ def judged(row, budget, first_peaks=()):
 def _settle(session, step):
     """Run ``step`` in the ``ome.Session`` until each measured call has planned again from
     its profile (or stopped measuring). Returns the runs it took, the seconds its profile
-    took, and the device peaks of its first two runs, which measure the step (they
-    swap nothing, so the allocator's peak is the device's)."""
+    took, and the device peaks of its first two runs, which measure the step (the
+    allocator's peak: ome keeps the emulated host's copies outside it)."""
     from ome.measured_steps import MAX_CORRECTIONS
     from ome.tf.measure import memory_stats, memory_stats_device
 
@@ -210,6 +215,34 @@ def _settle(session, step):
     (steps,) = session.steps.values()
     return {"runs": runs, "profile_seconds": round(steps.profile_seconds, 3),
             "corrections": steps.corrections, "first_peaks": first_peaks}
+
+
+def _save_profile(spec, session, call):
+    """Write what the measured ``call`` profiled to ``spec.profile_out`` (if asked): the
+    batch, the first build's captured view (the names its cost model's ops have) and
+    the cost model; nothing where the step was not profiled or its first plan changed
+    nothing (no view captured)."""
+    costs = session.steps[call].cost_model
+    view = session.plans(call)[0][1].view
+    if not spec.profile_out or costs is None or view is None:
+        return
+    with open(spec.profile_out, "w") as out:
+        json.dump({"batch": spec.batch_size, "view": view.to_json(),
+                   "costs": costs.to_json()}, out)
+
+
+def _scaled_profile(path, batch):
+    """The cost model of the profile at ``path`` (:func:`_save_profile`) scaled to
+    ``batch`` (a fed batch stays allocated only while its step runs)."""
+    from ome.core import batch_scaling
+    from ome.core.costs import CostModel
+    from ome.core.graphview import GraphView
+
+    with open(path) as saved:
+        profile = json.load(saved)
+    return batch_scaling.scale_costs(CostModel.from_json(profile["costs"]),
+                                     GraphView.from_json(profile["view"]), profile["batch"],
+                                     batch)
 
 
 def _strategy_gradients(strategy, made, **offered):

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from ome import errors
 from ome import keras as ome_keras
+from ome.core.costs import CostModel
 from ome.tf.measure import memory_stats, memory_stats_device
 
 __all__ = ["train_steps", "profile_step"]
@@ -67,9 +68,11 @@ def _fit(model, data, steps, device, memory=None):
     return peaks.peaks
 
 
-def train_steps(build_model, sample, batch, steps, memory, wrap):
+def train_steps(build_model, sample, batch, steps, memory, wrap, first_costs=None):
     """Train ``build_model()`` (``ome.keras.wrap(model, memory_budget=memory)`` when
-    ``wrap``) for ``steps`` steps of ``sample(batch)``.
+    ``wrap``; with ``cost_model=`` the :class:`~ome.core.costs.CostModel` JSON
+    ``first_costs``, scaled to ``batch`` from another, which plans the first steps) for
+    ``steps`` steps of ``sample(batch)``.
 
     Returns ``{"peaks": [device peak of each step], "refused": ""}`` (the last step the
     first over ``memory``, where one is), or with
@@ -80,7 +83,8 @@ def train_steps(build_model, sample, batch, steps, memory, wrap):
     model = _model(build_model)
     data = _batch(sample, batch)
     if wrap:
-        ome_keras.wrap(model, memory_budget=memory)
+        ome_keras.wrap(model, memory_budget=memory, **(
+            {} if first_costs is None else {"cost_model": CostModel.from_json(first_costs)}))
     try:
         peaks = _fit(model, data, steps, device, memory)
     except errors.BudgetError as err:

@@ -26,7 +26,7 @@ import tensorflow as tf
 from ome import errors
 from ome.core import sizes
 from ome.gradients import check_front_door_options
-from ome.measured_steps import MeasuredSteps, asks_measurement, swap_host
+from ome.measured_steps import MeasuredSteps, asks_measurement, first_plan, swap_host
 from ome.tape import GradientTape
 from ome.tf import measure, snapshot, tfprivate
 
@@ -47,7 +47,9 @@ def wrap(model, *, profile=None, **options):
     With ``memory_budget=`` or ``swap="auto"`` and no ``cost_model=``, the train step
     measures itself (``ome.measured_steps``): its first step runs ome's default plan
     (the budget left out), its second is profiled, and the step is planned again, for
-    the budget, from what it measured; the steps after are checked against the budget
+    the budget, from what it measured; given a ``cost_model`` scaled from another batch
+    (``ome.core.batch_scaling.scale_costs``), its first steps run the plan it makes for
+    the budget instead; the steps after are checked against the budget
     and planned again (a bounded number of times) when one exceeds it. One line in the
     log says what was predicted and measured. Without a budget, a policy that plans
     from costs (``measured_steps.COST_POLICIES``, the default ``"auto"`` among them) is
@@ -351,7 +353,8 @@ def _measured_train_function(model, step):
                                  host=lambda: swap_host(step.options),
                                  replayable=lambda args: _replayable(model, args),
                                  state=lambda *args: _state(model, budget),
-                                 name=f"ome.keras.wrap({model.name})")
+                                 name=f"ome.keras.wrap({model.name})",
+                                 first=first_plan(step.options))
         model.train_function = measured
         return measured
 

@@ -105,8 +105,10 @@ def largest_batch(build_model, memory, sample, *, start=8, cap=None, steps=5, re
     for at most ``plan_seconds``. The **confirmed** search then starts at the predicted
     batch: a batch fits when, in a fresh process, the wrapped model trains ``steps``
     steps of ``sample(batch)`` with every step's device peak within ``memory`` (its first
-    steps included, which run ome's default plan while it measures itself), and ome
-    refuses no plan; its training stops at the first step over the budget. Each probe logs
+    steps included), and ome refuses no plan; its training stops at the first step over
+    the budget. Those first steps run the plan the profile, scaled to the batch, makes
+    for the budget (with ``predict=False``, ome's default plan), and measure the step
+    for the plans after. Each probe logs
     one line (batch, peak, fits or not). ``plan_seconds`` does not bound a confirmed
     probe: its plans are ``ome.gradients``'s, which end by their own rules, and on a large
     model one probe can take many minutes (docs/KERAS.md, "The largest batch in a budget").
@@ -180,7 +182,8 @@ def largest_batch(build_model, memory, sample, *, start=8, cap=None, steps=5, re
         return LargestBatch(memory=budget, predicted=predicted, confirmed=None, peak=None,
                             predicted_probes=planned)
     confirmed = _confirmed(payload, budget, steps, start=start, cap=cap,
-                           resolution=resolution, wrap=True, planned=planned)
+                           resolution=resolution, wrap=True, planned=planned,
+                           first_costs=None if not predict else _first_costs(profile))
     return dataclasses.replace(confirmed, predicted=predicted, predicted_probes=planned)
 
 
@@ -295,14 +298,27 @@ def _probes(result, probes):
 
 # -- the confirmed search --------------------------------------------------------------
 
-def _confirmed(payload, budget, steps, *, start, cap, resolution, wrap, planned):
+def _first_costs(profile):
+    """``first_costs(batch)``: the profile's cost model scaled to ``batch``, as JSON, which
+    plans a confirmed probe's first steps (:func:`ome.measured_steps.first_plan`)."""
+    def first_costs(batch):
+        return batch_scaling.scale_costs(profile["costs"], profile["view"], profile["batch"],
+                                         batch, batch_bytes=profile["batch_bytes"]).to_json()
+    return first_costs
+
+
+def _confirmed(payload, budget, steps, *, start, cap, resolution, wrap, planned,
+               first_costs=None):
     """:class:`LargestBatch` of the search measuring each batch in a fresh process;
-    ``planned``: the predicted probes, named in the error when nothing fits."""
+    ``planned``: the predicted probes, named in the error when nothing fits;
+    ``first_costs``: as :func:`_first_costs` makes, or None (the probes' first steps run
+    ome's default plan)."""
     probes = {}
     kind = "ome" if wrap else "plain Keras"
 
     def fits(batch):
-        run = _fresh_process("train_steps", payload, batch, steps, budget, wrap)
+        run = _fresh_process("train_steps", payload, batch, steps, budget, wrap,
+                             None if first_costs is None else first_costs(batch))
         peak = max(run["peaks"]) if run["peaks"] else None
         if run["refused"]:
             probe = Probe(batch, False, reason=run["refused"])

@@ -1,18 +1,22 @@
 """Graph-mode calls of ``ome.gradients`` that would plan better from measured costs (no
-``cost_model``, and a ``memory_budget``, ``swap="auto"`` or a policy of
+measured ``cost_model``, and a ``memory_budget``, ``swap="auto"`` or a policy of
 :data:`ome.measured_steps.COST_POLICIES`), kept on their graph for :class:`ome.Session`.
 
 A TF1 step is built before any session runs it, so ``ome.gradients`` cannot measure it
 then. It records here how to build the call again with other options; an ``ome.Session``
 whose run reaches the call's gradients measures the step and builds it again
-(``ome/session.py``). Where an ``ome.Session`` was already made on the graph, the call is
-built at once with ome's default plan (:data:`ome.measured_steps.DEFAULT_PLAN`), the plan
-its first measured steps run; otherwise it is planned from static estimates, as a plain
-session will run it.
+(``ome/session.py``). Where an ``ome.Session`` was already made on the graph, or the
+call's cost model is scaled from another batch, the call is built at once with the plan
+its first measured steps run (:func:`ome.measured_steps.first_plan`); otherwise it is
+planned from static estimates, as a plain session will run it.
 """
 import dataclasses
+import logging
 
-from ome.measured_steps import DEFAULT_PLAN, asks_measurement
+from ome import errors
+from ome.measured_steps import DEFAULT_PLAN, asks_measurement, first_plan
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MeasuredCall", "calls", "measure_in_sessions", "record"]
 
@@ -25,12 +29,14 @@ _MEASURED = "ome_measured_by_session"
 class MeasuredCall:
     """One call: ``build(overrides) -> (grads, (Plan, RewriteInfo))`` builds it again
     with ``overrides`` over the user's ``options``; ``grads`` and ``record`` are what the
-    call built and returned; ``default_plan`` whether that was ome's default plan."""
+    call built and returned; ``first`` the overrides of the plan the measured steps start
+    from (:func:`first_plan`), ``built_first`` whether the call built that plan."""
     build: object
     options: dict
     grads: list
     record: tuple
-    default_plan: bool
+    first: dict
+    built_first: bool
 
 
 def measure_in_sessions(graph):
@@ -47,15 +53,23 @@ def calls(graph):
 def record(graph, build, options):
     """Build a call, and record it on ``graph`` where a measured session would plan it
     from what it measures (:func:`asks_measurement` with ``any_policy``); returns
-    ``(grads, (Plan, RewriteInfo))``. ``build(options)`` builds the call."""
+    ``(grads, (Plan, RewriteInfo))``. ``build(options)`` builds the call. A first plan
+    from a scaled cost model that planning refuses gives way to ome's default plan."""
     if not asks_measurement(options, any_policy=True) or hasattr(graph, "captures"):
         return build(options)  # a tf.function's graph: ome.function measures those
-    default = {**options, **DEFAULT_PLAN}
-    default_plan = getattr(graph, _MEASURED, False) or default == options
-    grads, built = build(default if default_plan else options)
+    first = first_plan(options)
+    built_first = getattr(graph, _MEASURED, False) or {**options, **first} == options
+    try:
+        grads, built = build({**options, **first} if built_first else options)
+    except errors.BudgetError as err:
+        if first == DEFAULT_PLAN or not built_first:
+            raise
+        log.warning("%s; the first steps run ome's default plan", err)
+        first = dict(DEFAULT_PLAN)
+        grads, built = build({**options, **first})
     if not hasattr(graph, _CALLS):
         setattr(graph, _CALLS, [])
     getattr(graph, _CALLS).append(MeasuredCall(
         build=lambda overrides: build({**options, **overrides}), options=dict(options),
-        grads=list(grads), record=built, default_plan=default_plan))
+        grads=list(grads), record=built, first=first, built_first=built_first))
     return grads, built

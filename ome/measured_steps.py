@@ -7,7 +7,11 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    is refused before anything runs. Then the step built with :data:`DEFAULT_PLAN`:
    ome's default plan, no budget and no swaps (a budget planned from static estimates
    takes a long search and misjudges the step anyway, and static estimates swap
-   nothing); it traces, plans and runs. A step that turns out to ask for no measurement
+   nothing); it traces, plans and runs. Where the options hand over a cost model scaled
+   from another batch (:attr:`ome.core.costs.CostModel.extrapolated`: the same step
+   profiled at a smaller batch), the first steps run the plan it makes for the user's
+   options, budget and swaps included, instead (:func:`first_plan`); if that plan is
+   refused, the default plan. A step that turns out to ask for no measurement
    (its options read when it traced) is done here, and so is an XLA-compiled step
    without a budget or a host to swap to: the profiler sees its compiled cluster, not
    its ops, so a profile has no op costs to plan from.
@@ -26,9 +30,9 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    a step that peaked more than :data:`MARGIN` above the profiled one on each of its
    first :data:`JUDGED_RUNS` runs is built with its first plan again, and keeps it (a
    plan made from measured costs is never kept when it measures worse than the plan it
-   was made from). Where the plans for the budget are refused while the profiled
-   default plan peaked within it, the step runs the default plan, checked as the others
-   (a budget it meets is never refused).
+   was made from). Where the plans for the budget are refused while the profiled first
+   plan peaked within it, the step runs the first plan, checked as the others (a budget
+   it meets is never refused).
    Within the budget but under :data:`USE` of it, where the plan predicted more than it
    measured, the budget the plan is made for is raised by half that error, and the step
    built again and checked, at most :data:`MAX_RAISES` times: a plan that leaves the
@@ -54,7 +58,7 @@ from ome.tf.profile import profile_steps
 log = logging.getLogger(__name__)
 
 __all__ = ["COST_POLICIES", "JUDGED_RUNS", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement",
-           "link_bytes", "replayed_peak", "swap_host"]
+           "first_plan", "link_bytes", "replayed_peak", "swap_host"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
@@ -100,12 +104,23 @@ def asks_measurement(options, *, any_policy=False):
     """Whether options of :func:`ome.gradients` ask for what only a measured step can
     plan well: a ``memory_budget`` or ``swap="auto"``, without a ``cost_model``; with
     ``any_policy``, also a policy that plans better from measured costs
-    (:data:`COST_POLICIES`)."""
-    if options.get("cost_model") is not None:
-        return False
+    (:data:`COST_POLICIES`). A cost model scaled from another batch is a first estimate,
+    not a measurement: it asks as no cost model does."""
+    model = options.get("cost_model")
+    if model is not None and not getattr(model, "extrapolated", False):
+        return False  # a measured one (what is not a CostModel is refused later)
     if options.get("memory_budget") is not None or options.get("swap") == "auto":
         return True
     return any_policy and options.get("checkpoints", "auto") in COST_POLICIES
+
+
+def first_plan(options):
+    """The overrides of options of :func:`ome.gradients` that the first steps of a step
+    measuring itself run with: :data:`DEFAULT_PLAN`, or none (the options' budget and
+    swaps, planned from their cost model) where that cost model is scaled from another
+    batch (:attr:`ome.core.costs.CostModel.extrapolated`)."""
+    model = options.get("cost_model")
+    return {} if getattr(model, "extrapolated", False) else dict(DEFAULT_PLAN)
 
 
 def swap_host(options):
@@ -157,7 +172,7 @@ class MeasuredSteps:
         may swap to (:func:`swap_host`), whose link is measured with the profile.
     replayable : callable
         ``replayable(args) -> args``: a checked call's arguments made safe to pass twice,
-        as a step refused while tracing runs again with the default plan (Keras passes
+        as a step refused while tracing runs again with another plan (Keras passes
         a Python iterator of the batch, which the refused call has read).
     state : callable
         ``state(*args, **kwargs) -> restore or None``, called with the first call's
@@ -166,25 +181,30 @@ class MeasuredSteps:
         (:mod:`ome.tf.snapshot`). A budget refused after steps have run (while the
         first plans are measured, before one held it) restores them, so the refusal
         leaves weights and optimizer state as they were before the first step.
+    first : dict
+        The overrides the first steps run with (:func:`first_plan`; default
+        :data:`DEFAULT_PLAN`).
     """
 
     def __init__(self, build, *, budget, plans, updates, name, measures=lambda: True,
-                 host=lambda: None, replayable=lambda args: args, state=lambda *a, **k: None):
+                 host=lambda: None, replayable=lambda args: args, state=lambda *a, **k: None,
+                 first=DEFAULT_PLAN):
         self.build, self.plans, self.name, self.host = build, plans, name, host
         self.replayable, self.state = replayable, state
         self.restore = None  # from state(), until a plan holds the budget
         self.updates, self.measures = updates, measures
         self._budget, self.budget = budget, None
         self.device = memory_stats_device(None)
-        self.overrides = dict(DEFAULT_PLAN)
+        self.first = dict(first)  # the plan the first steps run, profiled
+        self.overrides = dict(self.first)
         self.step = build(self.overrides)
         self.phase = "first"
         self.corrections = 0
         self.raises = 0
         self.profile_seconds = 0.0
         self.cost_model = None  # what the profiled step measured
-        self.profiled_peak = None  # the device's peak in the profiled step (default plan)
-        self.fell_back = False  # to the default plan: the budget's plans were refused
+        self.profiled_peak = None  # the device's peak in the profiled step (first plan)
+        self.fell_back = False  # to the first plan: the budget's plans were refused
         self.kept_first = False  # planned again without a budget, it measured higher
         self.runs_over = 0  # runs of the plan made without a budget over its first plan
 
@@ -231,7 +251,16 @@ class MeasuredSteps:
                 f"step runs (weights, optimizer slots, inputs), over the budget of "
                 f"{format_bytes(known)}: no plan can meet it; give a larger budget")
         self.restore = self.state(*args, **kwargs)
-        out = self.step(*args, **kwargs)
+        try:
+            out = self.step(*args, **kwargs)
+        except errors.BudgetError as err:  # raised while tracing: no op ran
+            if self.first == DEFAULT_PLAN:
+                raise
+            log.warning("%s: %s; the first steps run ome's default plan", self.name, err)
+            self.first = dict(DEFAULT_PLAN)
+            self.overrides = dict(self.first)
+            self.step = self.build(self.overrides)
+            out = self.step(*self.replayable(args), **kwargs)
         if not self.measures():
             self.phase, self.restore = "done", None
             return out
@@ -245,9 +274,12 @@ class MeasuredSteps:
             predicted = self.estimates().get("device_peak")
             over = predicted is not None and predicted > self.budget
             log.log(logging.WARNING if over else logging.INFO,
-                    "%s: the first two steps run ome's default plan (%s by static estimates%s) "
-                    "and are measured; the budget of %s is planned from what they measure",
-                    self.name, _format(predicted),
+                    "%s: the first two steps run %s (%s by %s%s) and are measured; the budget "
+                    "of %s is planned from what they measure", self.name,
+                    "ome's default plan" if self.first == DEFAULT_PLAN
+                    else "the plan for the budget from costs scaled from another batch",
+                    _format(predicted),
+                    "static estimates" if self.first == DEFAULT_PLAN else "those costs",
                     ", over the budget: they may exceed it" if over else "",
                     format_bytes(self.budget))
         self.phase = "profile"
@@ -308,11 +340,11 @@ class MeasuredSteps:
         except errors.BudgetError as err:  # raised while tracing: no op ran, no update
             target = self.overrides.get("memory_budget")
             if self.profiled_peak is not None and self.profiled_peak <= self.budget:
-                # the default plan met the budget when profiled: a budget it meets is
-                # never refused
-                log.warning("%s: %s; the step runs ome's default plan again, which peaked at "
-                            "%s when profiled", self.name, err, format_bytes(self.profiled_peak))
-                self.overrides, self.fell_back = dict(DEFAULT_PLAN), True
+                # the first plan met the budget when profiled: a budget it meets is never
+                # refused
+                log.warning("%s: %s; the step runs its first plan again, which peaked at %s "
+                            "when profiled", self.name, err, format_bytes(self.profiled_peak))
+                self.overrides, self.fell_back = dict(self.first), True
                 self.step = self.build(self.overrides)
                 return self._checked(*args, **kwargs)
             if target is None or target == self.budget:
@@ -342,7 +374,7 @@ class MeasuredSteps:
         if self.fell_back:
             raise errors.BudgetError(
                 f"{self.name}: the step measured {format_bytes(peak)} over the budget of "
-                f"{format_bytes(self.budget)} with ome's default plan, which it runs as every "
+                f"{format_bytes(self.budget)} with its first plan, which it runs as every "
                 "plan for the budget was refused; give a larger budget, or a host device to "
                 "swap to")
         if self.corrections == MAX_CORRECTIONS:
@@ -367,7 +399,7 @@ class MeasuredSteps:
     def _raised(self, peak, predicted):
         """Whether the step, within its budget but peaking under :data:`USE` of it below
         what its plan predicted, was built again for a budget higher by half the
-        difference (:data:`MAX_RAISES` times at most; never for the default plan)."""
+        difference (:data:`MAX_RAISES` times at most; never for the first plan run again)."""
         if self.budget is None or self.fell_back or self.raises == MAX_RAISES or \
                 predicted is None or peak >= USE * self.budget or predicted <= peak:
             return False
@@ -408,7 +440,7 @@ class MeasuredSteps:
                  "above the %s its first plan peaked at when profiled; the first plan is "
                  "built again and kept", self.name, self.profile_seconds, _format(predicted),
                  format_bytes(peak), format_bytes(self.profiled_peak))
-        self.overrides, self.kept_first = dict(DEFAULT_PLAN), True
+        self.overrides, self.kept_first = dict(self.first), True
         self.step = self.build(self.overrides)
         self.phase = "done"
         return True

@@ -4,7 +4,8 @@ A TF1 step asking ``ome.gradients`` for ``memory_budget=`` (or ``swap="auto"``) 
 ``cost_model`` is built before any session runs it, from static estimates, which know no
 kernel scratch nor allocator chunks. Run in an ``ome.Session`` instead, the step goes
 through the phases of :class:`ome.measured_steps.MeasuredSteps`, as a Keras step under
-``ome.keras.wrap`` does: run 1 runs ome's default plan, run 2 runs under TensorFlow's
+``ome.keras.wrap`` does: run 1 runs ome's default plan (or, given a cost model scaled
+from another batch, the plan it makes), run 2 runs under TensorFlow's
 profiler, the backward pass is built again from what it measured, and from run 3 on each
 run's device peak is checked against the budget (and planned for less when over).
 
@@ -20,7 +21,7 @@ import tensorflow as tf
 
 from ome import errors, measured_calls
 from ome.core import sizes
-from ome.measured_steps import DEFAULT_PLAN, MeasuredSteps, swap_host
+from ome.measured_steps import MeasuredSteps, swap_host
 from ome.tf import snapshot, tfprivate
 from ome.tf.measure import memory_stats, memory_stats_device
 from ome.tf.profile import gradient_updates
@@ -38,8 +39,9 @@ class Session(tf.compat.v1.Session):
     train op, the gradients themselves). Other runs (initializers, evaluation) run as in
     ``tf.compat.v1.Session``. Every run is a real step: none is repeated or skipped. A
     call made on the session's graph after the session exists is built at once with
-    ome's default plan, the plan the first measured runs use; one made before was planned
-    from static estimates, and is built again with the default plan at its first run.
+    the plan the first measured runs use (:func:`ome.measured_steps.first_plan`); one made
+    before was planned from static estimates, and is built again with that plan at its
+    first run.
 
     ``session.steps`` maps each measured call to its :class:`MeasuredSteps` (its
     ``cost_model``, ``corrections``, ``phase``); ``session.plans(call)`` lists the plans
@@ -90,7 +92,8 @@ class Session(tf.compat.v1.Session):
             budget=lambda: None if budget is None else sizes.parse_bytes(
                 budget, what="memory budget"),
             state=lambda *args: None if budget is None else snapshot.in_session(
-                self, self.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)))
+                self, self.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)),
+            first=call.first)
 
 
 class _Builds:
@@ -140,7 +143,7 @@ class _Builds:
         return table, record
 
     def _built(self, overrides):
-        if overrides == DEFAULT_PLAN and self.call.default_plan:
+        if overrides == self.call.first and self.call.built_first:
             return {}, self.call.record
         grads, record = self.call.build(overrides)
         table = {}

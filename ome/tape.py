@@ -131,7 +131,8 @@ class GradientTape(tf.GradientTape):
         if tracing is not None:
             overrides, tapes = tracing
             tapes.append(self)
-            if options.get("cost_model") is None:  # a cost model of the user's is kept
+            model = options.get("cost_model")
+            if model is None or getattr(model, "extrapolated", False):  # a measured one of the user's is kept
                 options = {**options, **overrides}
         grads, record = gradients(
             tf.nest.flatten(target), tf.nest.flatten(sources), grad_ys,
@@ -164,7 +165,9 @@ class GradientTape(tf.GradientTape):
 @contextlib.contextmanager
 def tracing_step(overrides, tapes):
     """While a step of ``ome.function`` runs (and traces): each tape's ``gradient`` takes
-    ``overrides`` over its options (unless it has a ``cost_model`` of its own) and appends
+    ``overrides`` over its options (unless it has a measured ``cost_model`` of its own:
+    one scaled from another batch is a first estimate, replaced by what the step
+    measures; the first steps run ome's default plan, planned from it) and appends
     the tape to ``tapes``."""
     previous = getattr(_TRACING, "step", None)
     _TRACING.step = (overrides, tapes)

@@ -22,7 +22,8 @@ def prepare(args):
     if args.batch_size and len(args.batch_size) > 1:
         raise ConfigError("--max-batch takes one starting --batch-size")
     # Not profiled by the harness: each probe of ome's measures its own step, as a user's
-    # does (the step's first run takes ome's default plan, which fits where plain may not)
+    # does; its first steps run the plan an earlier probe's profile, scaled to its batch,
+    # makes for the budget (the first probe's: ome's default plan)
     config = from_args(args, "max-batch", out="results/max-batch", batch_sizes=(1,), jobs=1)
     model, strategies = config.models[0], set(config.strategies)
 
@@ -44,17 +45,29 @@ def search(runner, strategy):
     """The :class:`MaxBatchResult` of one strategy (see :func:`largest_fitting`).
 
     A probe that errors (rather than running out of memory) stops the search: the result
-    keeps the largest batch that fitted so far and the error.
+    keeps the largest batch that fitted so far and the error. A probe whose step measured
+    itself leaves its profile in ``<out>/profiles``; each later probe's first steps are
+    planned from the profile of the nearest batch, scaled to its own (a user's script
+    profiling a small batch first would do the same).
     """
     config = runner.config
     model, budget = config.models[0], config.budget
     found = {}
+    profiles = os.path.join(config.out, "profiles")
+
+    def profile(batch):
+        return os.path.join(profiles, f"{model}-{strategy}-{batch}.json")
 
     def fits(batch):
         key = RunKey(model, strategy, batch)
         row = runner.done(key)
         if row is None:
-            row, seconds = runner.measure(key)
+            os.makedirs(profiles, exist_ok=True)
+            nearest = min((b for b in found if os.path.exists(profile(b))),
+                          key=lambda b: (abs(b - batch), b), default=None)
+            row, seconds = runner.measure(
+                key, profile_out=profile(batch),
+                first_costs=None if nearest is None else profile(nearest))
             runner.console.say(f"[max-batch {strategy}] {describe(row)}  "
                                f"(run {format_duration(seconds)})")
         found[batch] = row

@@ -85,6 +85,9 @@ def scale_costs(model, view, batch, new_batch, *, batch_bytes=0):
     batch of input data that stay allocated between steps (a dataset's tensors), are
     added to ``resident_bytes`` for each row more. The profiled plain step's peak is not
     known at another batch and is dropped (the replay predicts plain backprop instead).
+    The result's ``scaled_from`` is the batch first measured, which makes it a first
+    estimate a step that measures itself plans its first steps from
+    (:attr:`ome.core.costs.CostModel.extrapolated`).
     """
     _check_batches(batch, new_batch)
     if isinstance(batch_bytes, bool) or not isinstance(batch_bytes, int) or batch_bytes < 0:
@@ -110,5 +113,5 @@ def scale_costs(model, view, batch, new_batch, *, batch_bytes=0):
         output_bytes={t: round(b * ratio) if t in batched else b
                       for t, b in model.output_bytes.items()},
         order_seconds=model.order_seconds * ratio, resident_bytes=resident,
-        plain_peak_bytes=None,
+        plain_peak_bytes=None, scaled_from=model.scaled_from or batch,
         source=f"{model.source}, scaled from batch {batch} to {new_batch}")

@@ -67,7 +67,11 @@ class CostModel:
     resident bytes included; a plan that changes nothing predicts it (the executor runs
     plain backprop in its own order, two kernels at once, and its updates copy variables
     into whatever chunks are free, none of which a replay knows). Needs
-    ``resident_bytes``.
+    ``resident_bytes``. ``scaled_from``: the batch the figures were measured at, where
+    :func:`ome.core.batch_scaling.scale_costs` scaled them to another (None: measured on
+    the step as it is). Such figures are a first estimate: a step that measures itself
+    (``ome.Session``, ``ome.function``, ``ome.keras.wrap``) runs its first steps with the
+    plan they make, then measures and plans again (:attr:`extrapolated`).
     """
 
     bandwidth: float = 12e9
@@ -87,6 +91,7 @@ class CostModel:
     plain_resident_extra: int = 0
     order_seconds: float = 0.0
     plain_peak_bytes: Optional[int] = None
+    scaled_from: Optional[int] = None
 
     def __post_init__(self):
         if not 0.0 <= self.transfer_overlap <= 1.0:
@@ -118,6 +123,12 @@ class CostModel:
                                    update_delays=rekey(self.update_delays),
                                    update_copies=rekey(self.update_copies),
                                    backward_scope=scope)
+
+    @property
+    def extrapolated(self):
+        """Whether the figures were scaled from another batch (``scaled_from``), not
+        measured on the step they are given for."""
+        return self.scaled_from is not None
 
     @property
     def measured(self):

@@ -103,3 +103,15 @@ def test_bad_batches_are_refused(batch, new_batch):
 def test_negative_batch_bytes_are_refused():
     with pytest.raises(errors.InvalidArgumentError, match="batch_bytes"):
         scale_costs(CostModel(), mlp_view(4), 4, 8, batch_bytes=-1)
+
+
+def test_scaled_costs_say_the_batch_they_were_measured_at_and_keep_it_through_json():
+    view = mlp_view(8)
+    costs = CostModel(op_seconds={"mm": 1.0}, source="profiled")
+    assert not costs.extrapolated and costs.scaled_from is None
+    scaled = scale_costs(costs, view, 8, 32)
+    assert scaled.extrapolated and scaled.scaled_from == 8
+    again = scale_costs(scaled, scale_view(view, 8, 32), 32, 64)
+    assert again.scaled_from == 8  # the batch measured, not the one scaled through
+    assert CostModel.from_json(scaled.to_json()) == scaled
+    assert scale_costs(costs, view, 8, 8) is costs  # the same batch: measured

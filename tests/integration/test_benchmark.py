@@ -682,23 +682,28 @@ class _FakeRunner:
     def __init__(self, cfg, outcome):
         self.config, self.outcome = cfg, outcome
         self.console = progress.Console(io.StringIO())
-        self.rows, self.calls = {}, []
+        self.rows, self.calls, self.first_costs = {}, [], []
 
     def done(self, key):
         return self.rows.get(key)
 
-    def measure(self, key):
+    def measure(self, key, profile_out=None, first_costs=None):
         self.calls.append((key.strategy, key.batch_size))
+        self.first_costs.append((key.strategy, key.batch_size, first_costs))
         status, peak = self.outcome(key.strategy, key.batch_size)
+        if status == "ok" and key.strategy == "ome":  # a step that measured itself
+            with open(profile_out, "w") as out:
+                out.write("{}")
         row = _row(key.strategy, batch=key.batch_size, status=status, peak=peak,
                    reason=None if status == "ok" else status + " here")
         self.rows[key] = row
         return row, 1.0
 
 
-def test_max_batch_search_bisects_on_device_peak_and_stops_at_errors():
+def test_max_batch_search_bisects_on_device_peak_and_stops_at_errors(tmp_path):
     cfg = config.from_args(_parse(["--max-batch", "--model", "resnet50", "--budget", "100MiB",
-                                   "--strategies", "vanilla,ome,lms", "--batch-cap", "1000"]),
+                                   "--strategies", "vanilla,ome,lms", "--batch-cap", "1000",
+                                   "--out", str(tmp_path)]),
                            "max-batch", batch_sizes=(1,), jobs=1)
 
     def outcome(strategy, batch):
@@ -718,6 +723,12 @@ def test_max_batch_search_bisects_on_device_peak_and_stops_at_errors():
     table = "\n".join(report.max_batch_table(list(found.values())))
     assert "| lms | 4? |" in table and "search stopped, error at batch 8" in table
     assert "| ome | 50 |" in table and "| 2.50 |" in table
+    # each probe's first steps are planned from the profile of the nearest batch measured
+    first = {b: path and os.path.basename(path) for s, b, path in fake.first_costs
+             if s == "ome"}
+    assert first[1] is None and first[2] == "resnet50-ome-1.json"
+    assert first[64] == "resnet50-ome-32.json" and first[48] == "resnet50-ome-32.json"
+    assert first[51] == "resnet50-ome-50.json" and first[52] == "resnet50-ome-48.json"
 
 
 # ----------------------------------------------------------------------------------------

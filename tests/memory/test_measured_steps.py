@@ -33,7 +33,7 @@ class _Device:
 @pytest.fixture
 def measured(monkeypatch):
     def make(peaks, budget, *, replayed=None, refused=False, current=0, link=None, xla=False,
-             state=lambda *args: None):
+             state=lambda *args: None, first=measured_steps.DEFAULT_PLAN, refuse_first=False):
         device = _Device(peaks, current)
         costs = CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in")
         monkeypatch.setattr(measured_steps, "memory_stats", device)
@@ -49,14 +49,15 @@ def measured(monkeypatch):
             planned = len(built)
 
             def step():
-                if refused and overrides.get("memory_budget") is not None:
+                if refused and overrides.get("memory_budget") is not None or \
+                        refuse_first and overrides == {}:
                     raise errors.BudgetError("cannot fit")
                 return planned
             return step
 
         step = measured_steps.MeasuredSteps(
             build, budget=lambda: budget, plans=lambda: [(plan, types.SimpleNamespace(xla=xla))],
-            updates=lambda: None, name="step", host=lambda: link, state=state)
+            updates=lambda: None, name="step", host=lambda: link, state=state, first=first)
         return step, built, costs
     return make
 
@@ -162,6 +163,39 @@ def test_a_refused_budget_the_profiled_default_plan_met_runs_that_plan(measured)
     assert [step(), step(), step(), step()] == [1, 1, 3, 3]
     assert built[-1] == DEFAULT and step.fell_back
     assert step.phase == "held" and step.cost_model is not None
+
+
+def test_costs_scaled_from_another_batch_plan_the_first_steps_and_are_replaced(measured):
+    # the user's options (their budget, planned from the scaled costs) run first, no
+    # override; the profile of that plan then plans the budget as from the default plan
+    step, built, costs = measured([90 * MiB, 95 * MiB], budget=100 * MiB, first={})
+    assert [step(), step(), step()] == [1, 1, 2]
+    assert built == [{}, {"cost_model": costs, "memory_budget": 100 * MiB - CREEP}]
+
+
+def test_a_refused_first_plan_from_scaled_costs_gives_way_to_the_default_plan(measured):
+    step, built, _ = measured([90 * MiB, 0, 95 * MiB], budget=100 * MiB, first={},
+                              refuse_first=True)
+    assert [step(), step()] == [2, 2]  # the scaled costs' plan refused while tracing
+    assert built[:2] == [{}, DEFAULT] and step.first == DEFAULT
+
+
+def test_a_refused_budget_the_profiled_first_plan_met_runs_that_plan_again(measured):
+    step, built, _ = measured([80 * MiB, 0, 85 * MiB], budget=100 * MiB, refused=True,
+                              first={})
+    assert [step(), step(), step()] == [1, 1, 3]  # built again with the first plan's options
+    assert built[-1] == {} and step.fell_back
+
+
+@pytest.mark.parametrize("costs, asks, first", [
+    (None, True, DEFAULT),
+    (CostModel(op_seconds={"a": 1.0}), False, DEFAULT),
+    (CostModel(op_seconds={"a": 1.0}, scaled_from=8), True, {}),
+])
+def test_only_a_cost_model_measured_on_the_step_spares_it_its_measurement(costs, asks, first):
+    options = {"memory_budget": 100 * MiB, "cost_model": costs}
+    assert measured_steps.asks_measurement(options) is asks
+    assert measured_steps.first_plan(options) == first
 
 
 def test_a_refused_call_runs_again_on_its_arguments_made_replayable(monkeypatch):

@@ -78,7 +78,7 @@ with tf.Graph().as_default():
         (call,) = sess.steps
         built = sess.plans(call)
         trained = sess.run(weights)
-assert not call.default_plan and steps.cost_model is not None \
+assert not call.built_first and steps.cost_model is not None \
     and "profiler" in steps.cost_model.source, steps.cost_model
 plan, info = built[-1]
 assert len(built) == 2 + corrections[-1] and plan.recomputed and info.copied_ops, \
@@ -99,7 +99,7 @@ with tf.Graph().as_default():
         sess.run(tf.compat.v1.global_variables_initializer())
         train(sess, loss, train_op, steps=3)
         (call,) = sess.steps
-        assert call.default_plan and sess.plans(call)[0] is call.record
+        assert call.built_first and sess.plans(call)[0] is call.record
         assert len(sess.plans(call)) == 2, sess.plans(call)
 print("OK a call built after the session exists runs the default plan it built")
 
