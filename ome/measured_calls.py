@@ -58,7 +58,8 @@ def record(graph, build, options):
     if not asks_measurement(options, any_policy=True) or hasattr(graph, "captures"):
         return build(options)  # a tf.function's graph: ome.function measures those
     first = first_plan(options)
-    built_first = getattr(graph, _MEASURED, False) or {**options, **first} == options
+    built_first = getattr(graph, _MEASURED, False) or first != DEFAULT_PLAN or \
+        {**options, **first} == options
     try:
         grads, built = build({**options, **first} if built_first else options)
     except errors.BudgetError as err:

@@ -30,9 +30,10 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    a step that peaked more than :data:`MARGIN` above the profiled one on each of its
    first :data:`JUDGED_RUNS` runs is built with its first plan again, and keeps it (a
    plan made from measured costs is never kept when it measures worse than the plan it
-   was made from). Where the plans for the budget are refused while the profiled first
-   plan peaked within it, the step runs the first plan, checked as the others (a budget
-   it meets is never refused).
+   was made from). Where the plan for the budget is refused, but the smallest reachable
+   budget it names is within the user's, the step is planned for that, once. Where the
+   plans for the budget are refused while the profiled first plan peaked within it, the
+   step runs the first plan, checked as the others (a budget it meets is never refused).
    Within the budget but under :data:`USE` of it, where the plan predicted more than it
    measured, the budget the plan is made for is raised by half that error, and the step
    built again and checked, at most :data:`MAX_RAISES` times: a plan that leaves the
@@ -49,7 +50,7 @@ import logging
 import time
 
 from ome import errors
-from ome.core.sizes import format_bytes
+from ome.core.sizes import format_bytes, parse_bytes
 from ome.policies import planner
 from ome.tf import host
 from ome.tf.measure import memory_stats, memory_stats_device
@@ -116,11 +117,17 @@ def asks_measurement(options, *, any_policy=False):
 
 def first_plan(options):
     """The overrides of options of :func:`ome.gradients` that the first steps of a step
-    measuring itself run with: :data:`DEFAULT_PLAN`, or none (the options' budget and
-    swaps, planned from their cost model) where that cost model is scaled from another
-    batch (:attr:`ome.core.costs.CostModel.extrapolated`)."""
+    measuring itself run with: :data:`DEFAULT_PLAN`; or, where their cost model is scaled
+    from another batch (:attr:`ome.core.costs.CostModel.extrapolated`), the options' own
+    plan from it, their budget less :data:`CREEP` of it, as a plan from a profile is."""
     model = options.get("cost_model")
-    return {} if getattr(model, "extrapolated", False) else dict(DEFAULT_PLAN)
+    if not getattr(model, "extrapolated", False):
+        return dict(DEFAULT_PLAN)
+    budget = options.get("memory_budget")
+    if budget is None:
+        return {}
+    budget = parse_bytes(budget, what="memory budget")
+    return {"memory_budget": budget - int(CREEP * budget)}
 
 
 def swap_host(options):
@@ -205,6 +212,7 @@ class MeasuredSteps:
         self.cost_model = None  # what the profiled step measured
         self.profiled_peak = None  # the device's peak in the profiled step (first plan)
         self.fell_back = False  # to the first plan: the budget's plans were refused
+        self.tried_smallest = False  # planned for the smallest reachable budget
         self.kept_first = False  # planned again without a budget, it measured higher
         self.runs_over = 0  # runs of the plan made without a budget over its first plan
 
@@ -339,6 +347,16 @@ class MeasuredSteps:
             out = self.step(*args, **kwargs)  # a step built again traces and plans here
         except errors.BudgetError as err:  # raised while tracing: no op ran, no update
             target = self.overrides.get("memory_budget")
+            reachable = _reachable(err)
+            if not self.tried_smallest and target is not None and reachable is not None \
+                    and target < reachable <= self.budget:
+                # the margins the target left are a guess: the smallest plan, predicted
+                # within the budget itself, is measured as every plan is
+                log.info("%s: %s; planned for that instead, within the budget of %s", self.name,
+                         err, format_bytes(self.budget))
+                self.tried_smallest = True
+                self._plan_again_for(reachable)
+                return self._checked(*args, **kwargs)
             if self.profiled_peak is not None and self.profiled_peak <= self.budget:
                 # the first plan met the budget when profiled: a budget it meets is never
                 # refused
@@ -444,6 +462,17 @@ class MeasuredSteps:
         self.step = self.build(self.overrides)
         self.phase = "done"
         return True
+
+
+def _reachable(err):
+    """The smallest reachable budget a refusal names (``BudgetError.reachable``), or None;
+    read through the errors it was raised from (AutoGraph raises a copy of an error
+    raised while tracing, with the original as its context)."""
+    while err is not None:
+        if getattr(err, "reachable", None) is not None:
+            return err.reachable
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def link_bytes(peak, held, budget=None):

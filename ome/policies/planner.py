@@ -273,7 +273,8 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     ``hold_gradients``, ``time_limit``: as :func:`ome.policies.search.optimal`'s. Where
     no plan fits, the same search goes on to the smallest peak
     (:func:`ome.policies.search.fitted_or_smallest`): a budget that plan meets is not
-    refused; else :class:`BudgetError` names the smallest reachable budget.
+    refused; else :class:`BudgetError` names the smallest reachable budget (and holds it,
+    in bytes, as its ``reachable``).
     """
     budget = parse_bytes(budget, what="memory budget")
     limit = budget_limit(budget, static_bytes, model)
@@ -287,12 +288,14 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
     smallest = plan.estimates["device_peak"]  # simulated, as limit is
     if smallest > limit:
         reachable = smallest_budget(smallest, static_bytes, model)
-        raise errors.BudgetError(
+        refused = errors.BudgetError(
             f"cannot fit in {format_bytes(budget)}; the smallest reachable is "
             f"{format_bytes(reachable)} (the smallest plan predicts "
             f"{format_bytes(smallest + static_bytes)}, variables included, and "
             f"{headroom(model):.0%} of the budget is left free"
             f"{'; without a host device to swap to' if host_device is None else ''})")
+        refused.reachable = reachable  # what a step that measures itself may try instead
+        raise refused
     policy = "budget:none" if plan.changes_nothing() else "budget:optimal"
     return _chosen(view, plan, policy, budget, model, static_bytes)
 

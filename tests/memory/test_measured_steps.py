@@ -190,12 +190,45 @@ def test_a_refused_budget_the_profiled_first_plan_met_runs_that_plan_again(measu
 @pytest.mark.parametrize("costs, asks, first", [
     (None, True, DEFAULT),
     (CostModel(op_seconds={"a": 1.0}), False, DEFAULT),
-    (CostModel(op_seconds={"a": 1.0}, scaled_from=8), True, {}),
+    # scaled costs plan the budget less the share a plan from a profile leaves for creep
+    (CostModel(op_seconds={"a": 1.0}, scaled_from=8), True, {"memory_budget": 100 * MiB - CREEP}),
 ])
 def test_only_a_cost_model_measured_on_the_step_spares_it_its_measurement(costs, asks, first):
-    options = {"memory_budget": 100 * MiB, "cost_model": costs}
+    options = {"memory_budget": "100MiB", "cost_model": costs}
     assert measured_steps.asks_measurement(options) is asks
     assert measured_steps.first_plan(options) == first
+    assert measured_steps.first_plan({**options, "memory_budget": None}) == \
+        (DEFAULT if first == DEFAULT else {})
+
+
+def test_a_refused_target_is_planned_for_the_smallest_reachable_budget_within_the_users(
+        monkeypatch):
+    monkeypatch.setattr(measured_steps, "memory_stats", _Device([104 * MiB, 0, 97 * MiB]))
+    monkeypatch.setattr(measured_steps, "profile_steps", lambda run, **kwargs: (
+        run(), CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in"))[1])
+    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: None)
+    plan = types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
+    built = []
+
+    def build(overrides):
+        built.append(overrides.get("memory_budget"))
+
+        def step():
+            if (overrides.get("memory_budget") or 0) < 95 * MiB and overrides != DEFAULT:
+                refused = errors.BudgetError("cannot fit; the smallest reachable is 95 MiB")
+                refused.reachable = 95 * MiB
+                try:  # as AutoGraph raises it: a copy, the original its context
+                    raise refused
+                except errors.BudgetError:
+                    raise errors.BudgetError(str(refused))  # pylint: disable=raise-missing-from
+            return len(built)
+        return step
+
+    step = measured_steps.MeasuredSteps(build, budget=lambda: 100 * MiB, updates=lambda: None,
+                                        plans=lambda: [(plan, None)], name="step")
+    assert [step(), step(), step()] == [1, 1, 3]  # the profiled plan peaked at 104 MiB
+    assert built == [None, 100 * MiB - CREEP, 95 * MiB] and step.tried_smallest
+    assert step.phase == "held" and not step.fell_back
 
 
 def test_a_refused_call_runs_again_on_its_arguments_made_replayable(monkeypatch):
