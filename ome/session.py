@@ -130,7 +130,8 @@ class _Builds:
     def updates(self):
         """The current build's gradient updates (:func:`ome.profile_steps`' ``updates``)."""
         mapped = tf.nest.map_structure(self._mapped, self.fetches)
-        return gradient_updates(self.graph, mapped, scope=self.scope)
+        grads = [self.table.get(t, t) for g in self.call.grads for t in _components(g)]
+        return gradient_updates(self.graph, mapped, scope=self.scope, grads=grads)
 
     def _made(self, overrides):
         """``(table, record)`` of the build made with ``overrides``, made now if no

@@ -350,12 +350,14 @@ def _node_costs(run_metadata, stats_device):
         yield name, node.all_end_rel_micros / 1e6, max(0, peak - outputs)
 
 
-def gradient_updates(graph, fetches, scope="gradients"):
+def gradient_updates(graph, fetches, scope="gradients", grads=None):
     """``{gradient producer op name: its readers' names}`` if the step frees each gradient
     once its own variable update has read it, else None.
 
-    The gradients are the outputs of the backward pass (ops under ``scope``) that no
-    backward op reads. They are freed by their updates when none is fetched and each op
+    The gradients are ``grads`` (the tensors the backward pass returned) where given, else
+    the outputs of the backward pass (ops under ``scope``) that no backward op reads (a
+    swap's wait, which a forward op reads, is one of those: a step rewritten by ome
+    passes its gradients). They are freed by their updates when none is fetched and each op
     reading one depends on no other gradient and waits for no other backward op: a
     ``tf.compat.v1.train`` optimizer's per-variable update. An all-reduce, a clip by the
     global norm or a control dependency on the backward pass holds them all to the end
@@ -363,8 +365,10 @@ def gradient_updates(graph, fetches, scope="gradients"):
     """
     prefix = scope + "/"
     backward = {op for op in graph.get_operations() if op.name.startswith(prefix)}
-    grads = {t for op in backward for t in op.outputs
-             if t.consumers() and not any(r in backward for r in t.consumers())}
+    if grads is None:
+        grads = {t for op in backward for t in op.outputs
+                 if t.consumers() and not any(r in backward for r in t.consumers())}
+    grads = set(grads)
     fetched = {getattr(f, "name", f) for f in tf.nest.flatten(fetches)}
     if not grads or any(t.name in fetched for t in grads):
         return None

@@ -396,6 +396,7 @@ def test_a_budget_below_what_the_device_holds_is_refused_before_the_first_step(m
         "OK measured plan", "OK measured runs within the budget",
         "OK the measured session's losses and weights are the plain session's",
         "OK a call built after the session exists runs the default plan it built",
+        "OK scaled costs plan the first runs for the budget",
         "OK a budget below what the device holds is refused before any update",
         "OK a budget refused after the steps measuring it ran leaves the variables as before",
         "OK a plan undone for its first runs the first build again"]),

@@ -224,3 +224,28 @@ def test_bad_cost_model_and_steps_are_refused(graph):
             ome.profile(sess, case.ys, case.feed, steps=0)
         with pytest.raises(errors.InvalidArgumentError, match="peak_steps must be >= 0"):
             ome.profile(sess, case.ys, case.feed, peak_steps=-1)
+
+
+def test_gradient_updates_are_found_past_a_swaps_wait_a_forward_op_reads(graph):
+    # a swap makes a forward op wait (its input passed through an op of the backward
+    # scope); read as a gradient, such a wait hid every update: the step's own gradients
+    # find them
+    x = tf.constant(np.ones((4, 4), np.float32))
+    ws = [tf.compat.v1.get_variable(f"w{i}", initializer=np.eye(4, dtype=np.float32))
+          for i in range(3)]
+    h, gates = x, []
+    for i, w in enumerate(ws):
+        h = tf.matmul(h, w)
+        if i < 2:
+            with tf.name_scope("gradients/ome/wait/"):
+                h = tf.identity(h, name=f"gate{i}")
+            gates.append(h)
+        h = tf.tanh(h)
+    h = h + gates[0]  # a residual add: reads one wait, and depends on the other
+    with tf.name_scope("gradients/"):
+        grads = [tf.reduce_sum(h) * w for w in ws]  # stand-ins under the backward scope
+    train = tf.group(*[w.assign_sub(g) for w, g in zip(ws, grads)])
+    from ome.tf.profile import gradient_updates
+    assert gradient_updates(graph, train) is None  # the waits taken for gradients
+    found = gradient_updates(graph, train, grads=grads)
+    assert found is not None and sorted(found) == sorted(g.op.name for g in grads)

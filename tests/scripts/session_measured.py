@@ -7,11 +7,13 @@ static estimates when built, must run ome's default plan first, profile its seco
 build the step again from what it measured (the last plan recomputes, from a profiler's
 cost model), peak within the budget on every run after its last correction, and give the
 plain run's losses and weights. Runs that fetch no gradient run as in a plain session.
-A call made after the session exists is built with the default plan at once. A budget
+A call made after the session exists is built with the default plan at once; one given
+costs scaled from another batch, with the plan they make for the budget. A budget
 below what the device holds before the step is refused before any update; one refused
 once the steps measured it leaves the variables as they were before them.
 Prints ``OK`` lines; a failed check raises.
 """
+import dataclasses
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -102,6 +104,27 @@ with tf.Graph().as_default():
         assert call.built_first and sess.plans(call)[0] is call.record
         assert len(sess.plans(call)) == 2, sess.plans(call)
 print("OK a call built after the session exists runs the default plan it built")
+
+# costs measured at another batch (stood in for: the profile above, marked as scaled) plan
+# the first runs for the budget, built at once; the profile of those runs replaces them
+prior = dataclasses.replace(steps.cost_model, scaled_from=512)
+with tf.Graph().as_default():
+    loss, train_op, _ = build(
+        lambda ys, xs: ome.gradients(ys, xs, memory_budget=budget, cost_model=prior))
+    with ome.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        prior_losses, prior_peaks = train(sess, loss, train_op, steps=4)
+        (call,) = sess.steps
+        (prior_steps,) = sess.steps.values()
+        first_plan, _ = sess.plans(call)[0]
+assert call.built_first and first_plan.policy.startswith("budget:"), first_plan.policy
+assert call.first == {"memory_budget": budget - int(ome.measured_steps.CREEP * budget)}
+assert first_plan.recomputed and prior_steps.cost_model is not prior \
+    and "profiler" in prior_steps.cost_model.source, prior_steps.cost_model
+assert max(prior_peaks) <= budget, (prior_peaks, budget)
+np.testing.assert_allclose(prior_losses, plain_losses[:4], rtol=1e-5)
+print(f"OK scaled costs plan the first runs for the budget: peaks "
+      f"{[round(p / 2**20, 1) for p in prior_peaks]} MiB within {budget / 2**20:.1f}")
 
 with tf.Graph().as_default():
     with ome.Session() as sess:
