@@ -14,7 +14,8 @@ import dataclasses
 import logging
 
 from ome import errors
-from ome.measured_steps import DEFAULT_PLAN, asks_measurement, first_plan
+from ome.core.sizes import parse_bytes
+from ome.measured_steps import DEFAULT_PLAN, asks_measurement, first_instead, first_plan
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +55,24 @@ def record(graph, build, options):
     """Build a call, and record it on ``graph`` where a measured session would plan it
     from what it measures (:func:`asks_measurement` with ``any_policy``); returns
     ``(grads, (Plan, RewriteInfo))``. ``build(options)`` builds the call. A first plan
-    from a scaled cost model that planning refuses gives way to ome's default plan."""
+    from a scaled cost model that planning refuses gives way to another
+    (:func:`ome.measured_steps.first_instead`)."""
     if not asks_measurement(options, any_policy=True) or hasattr(graph, "captures"):
         return build(options)  # a tf.function's graph: ome.function measures those
     first = first_plan(options)
     built_first = getattr(graph, _MEASURED, False) or first != DEFAULT_PLAN or \
         {**options, **first} == options
-    try:
-        grads, built = build({**options, **first} if built_first else options)
-    except errors.BudgetError as err:
-        if first == DEFAULT_PLAN or not built_first:
-            raise
-        log.warning("%s; the first steps run ome's default plan", err)
-        first = dict(DEFAULT_PLAN)
-        grads, built = build({**options, **first})
+    while True:
+        try:
+            grads, built = build({**options, **first} if built_first else options)
+            break
+        except errors.BudgetError as err:
+            if first == DEFAULT_PLAN or not built_first:
+                raise
+            budget = parse_bytes(options["memory_budget"], what="memory budget")
+            first = first_instead(err, first, budget)
+            log.warning("%s; the first steps run %s", err, "ome's default plan"
+                        if first == DEFAULT_PLAN else "the plan for the smallest reachable")
     if not hasattr(graph, _CALLS):
         setattr(graph, _CALLS, [])
     getattr(graph, _CALLS).append(MeasuredCall(

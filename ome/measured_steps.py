@@ -11,7 +11,8 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    from another batch (:attr:`ome.core.costs.CostModel.extrapolated`: the same step
    profiled at a smaller batch), the first steps run the plan it makes for the user's
    options, budget and swaps included, instead (:func:`first_plan`); if that plan is
-   refused, the default plan. A step that turns out to ask for no measurement
+   refused, the plan for the smallest reachable budget the refusal names where it is
+   within the budget, else the default plan (:func:`first_instead`). A step that turns out to ask for no measurement
    (its options read when it traced) is done here, and so is an XLA-compiled step
    without a budget or a host to swap to: the profiler sees its compiled cluster, not
    its ops, so a profile has no op costs to plan from.
@@ -59,7 +60,7 @@ from ome.tf.profile import profile_steps
 log = logging.getLogger(__name__)
 
 __all__ = ["COST_POLICIES", "JUDGED_RUNS", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement",
-           "first_plan", "link_bytes", "replayed_peak", "swap_host"]
+           "first_instead", "first_plan", "link_bytes", "replayed_peak", "swap_host"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
@@ -128,6 +129,22 @@ def first_plan(options):
         return {}
     budget = parse_bytes(budget, what="memory budget")
     return {"memory_budget": budget - int(CREEP * budget)}
+
+
+def first_instead(refusal, first, budget):
+    """The first plan's overrides where the plan of ``first`` (from scaled costs) was
+    refused: the plan for the smallest reachable budget the ``refusal`` names, where that
+    is within ``budget`` (bytes) and was not ``first``'s own; else :data:`DEFAULT_PLAN`."""
+    reachable = _reachable(refusal)
+    if budget is not None and reachable is not None and reachable <= budget and \
+            first.get("memory_budget") != reachable:
+        return {"memory_budget": reachable}
+    return dict(DEFAULT_PLAN)
+
+
+def _first_named(first):
+    return "ome's default plan" if first == DEFAULT_PLAN else \
+        f"the plan for {format_bytes(first['memory_budget'])}, the smallest reachable"
 
 
 def swap_host(options):
@@ -259,16 +276,19 @@ class MeasuredSteps:
                 f"step runs (weights, optimizer slots, inputs), over the budget of "
                 f"{format_bytes(known)}: no plan can meet it; give a larger budget")
         self.restore = self.state(*args, **kwargs)
-        try:
-            out = self.step(*args, **kwargs)
-        except errors.BudgetError as err:  # raised while tracing: no op ran
-            if self.first == DEFAULT_PLAN:
-                raise
-            log.warning("%s: %s; the first steps run ome's default plan", self.name, err)
-            self.first = dict(DEFAULT_PLAN)
-            self.overrides = dict(self.first)
-            self.step = self.build(self.overrides)
-            out = self.step(*self.replayable(args), **kwargs)
+        while True:
+            try:
+                out = self.step(*args, **kwargs)
+                break
+            except errors.BudgetError as err:  # raised while tracing: no op ran
+                if self.first == DEFAULT_PLAN:
+                    raise
+                self.first = first_instead(err, self.first, known)
+                log.warning("%s: %s; the first steps run %s", self.name, err,
+                            _first_named(self.first))
+                self.overrides = dict(self.first)
+                self.step = self.build(self.overrides)
+                args = self.replayable(args)
         if not self.measures():
             self.phase, self.restore = "done", None
             return out
