@@ -15,7 +15,8 @@ import logging
 
 from ome import errors
 from ome.core.sizes import parse_bytes
-from ome.measured_steps import DEFAULT_PLAN, asks_measurement, first_instead, first_plan
+from ome.measured_steps import (DEFAULT_PLAN, asks_measurement, first_instead, first_named,
+                                first_plan)
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,7 @@ def record(graph, build, options):
                 raise
             budget = parse_bytes(options["memory_budget"], what="memory budget")
             first = first_instead(err, first, budget)
-            log.warning("%s; the first steps run %s", err, "ome's default plan"
-                        if first == DEFAULT_PLAN else "the plan for the smallest reachable")
+            log.warning("%s; the first steps run %s", err, first_named(first))
     if not hasattr(graph, _CALLS):
         setattr(graph, _CALLS, [])
     getattr(graph, _CALLS).append(MeasuredCall(

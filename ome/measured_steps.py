@@ -12,8 +12,8 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    profiled at a smaller batch), the first steps run the plan it makes for the user's
    options, budget and swaps included, instead (:func:`first_plan`); if that plan is
    refused, the plan for the smallest reachable budget the refusal names where it is
-   within the budget, else the default plan (:func:`first_instead`). A step that turns out to ask for no measurement
-   (its options read when it traced) is done here, and so is an XLA-compiled step
+   within the budget, else the default plan (:func:`first_instead`). A step that turns
+   out to ask for no measurement (its options read when it traced) is done here, and so is an XLA-compiled step
    without a budget or a host to swap to: the profiler sees its compiled cluster, not
    its ops, so a profile has no op costs to plan from.
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
@@ -60,7 +60,7 @@ from ome.tf.profile import profile_steps
 log = logging.getLogger(__name__)
 
 __all__ = ["COST_POLICIES", "JUDGED_RUNS", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement",
-           "first_instead", "first_plan", "link_bytes", "replayed_peak", "swap_host"]
+           "first_instead", "first_named", "first_plan", "link_bytes", "replayed_peak", "swap_host"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
@@ -142,7 +142,8 @@ def first_instead(refusal, first, budget):
     return dict(DEFAULT_PLAN)
 
 
-def _first_named(first):
+def first_named(first):
+    """What the log calls the first plan of overrides ``first`` made by :func:`first_instead`."""
     return "ome's default plan" if first == DEFAULT_PLAN else \
         f"the plan for {format_bytes(first['memory_budget'])}, the smallest reachable"
 
@@ -285,7 +286,7 @@ class MeasuredSteps:
                     raise
                 self.first = first_instead(err, self.first, known)
                 log.warning("%s: %s; the first steps run %s", self.name, err,
-                            _first_named(self.first))
+                            first_named(self.first))
                 self.overrides = dict(self.first)
                 self.step = self.build(self.overrides)
                 args = self.replayable(args)
