@@ -13,9 +13,9 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    options, budget and swaps included, instead (:func:`first_plan`); if that plan is
    refused, the plan for the smallest reachable budget the refusal names where it is
    within the budget, else the default plan (:func:`first_instead`). A step that turns
-   out to ask for no measurement (its options read when it traced) is done here, and so is an XLA-compiled step
-   without a budget or a host to swap to: the profiler sees its compiled cluster, not
-   its ops, so a profile has no op costs to plan from.
+   out to ask for no measurement (its options read when it traced) is done here, and so
+   is an XLA-compiled step without a budget or a host to swap to: the profiler sees its
+   compiled cluster, not its ops, so a profile has no op costs to plan from.
 2. **profile**: the same step under TensorFlow's profiler (:func:`ome.profile_steps`);
    the step is then built again with ``cost_model=`` what it measured, for the budget
    less :data:`CREEP` of it, and less the error of the replay on the profiled step (how

@@ -132,7 +132,8 @@ class GradientTape(tf.GradientTape):
             overrides, tapes = tracing
             tapes.append(self)
             model = options.get("cost_model")
-            if model is None or getattr(model, "extrapolated", False):  # a measured one of the user's is kept
+            # a measured cost model of the user's is kept; a scaled one is replaced
+            if model is None or getattr(model, "extrapolated", False):
                 options = {**options, **overrides}
         grads, record = gradients(
             tf.nest.flatten(target), tf.nest.flatten(sources), grad_ys,
