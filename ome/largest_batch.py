@@ -300,8 +300,12 @@ def _probes(result, probes):
 
 def _first_costs(profile):
     """``first_costs(batch)``: the profile's cost model scaled to ``batch``, as JSON, which
-    plans a confirmed probe's first steps (:func:`ome.measured_steps.first_plan`)."""
+    plans a confirmed probe's first steps (:func:`ome.measured_steps.first_plan`); None at
+    the profiled batch itself, whose unscaled costs would spare the probe its measurement
+    (its first steps run ome's default plan, as the profiled run's did)."""
     def first_costs(batch):
+        if batch == profile["batch"]:
+            return None
         return batch_scaling.scale_costs(profile["costs"], profile["view"], profile["batch"],
                                          batch, batch_bytes=profile["batch_bytes"]).to_json()
     return first_costs
