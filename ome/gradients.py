@@ -200,6 +200,13 @@ def check_front_door_options(options, *, front_door, sets):
     check_options(**{name: value for name, value in options.items() if name in checked})
 
 
+def format_options(options):
+    """``options`` of :func:`gradients` as a log line shows them: a cost model by its
+    summary, not its thousands of op times."""
+    return ", ".join(f"{name}={value if isinstance(value, CostModel) else repr(value)}"
+                     for name, value in options.items())
+
+
 class _Options:
     """The planning options of one call, validated before the graph is touched."""
 
@@ -646,6 +653,7 @@ def _gradients(ys, xs, grad_ys, name, tf_args, options):
     info = _apply(chosen, view, graph, scope)
     info.backward_ops = backward_ops
     info.view, info.scope, info.xla = view, scope, xla.compiled(graph)
+    info.graph_ops = frozenset(op.name for op in graph.get_operations())
     grads = _returned(grads, info.held)
     _log(chosen, info, time.perf_counter() - start)
     return grads, (chosen, info)

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from ome import errors
 from ome.core import sizes
-from ome.gradients import check_front_door_options
+from ome.gradients import check_front_door_options, format_options
 from ome.measured_steps import MeasuredSteps, asks_measurement, first_plan, swap_host
 from ome.tape import GradientTape
 from ome.tf import measure, snapshot, tfprivate
@@ -115,7 +115,8 @@ def wrap(model, *, profile=None, **options):
     else:
         vars(model).pop("make_train_function", None)
     model.train_function = None  # traced again, with ome, on the next fit
-    log.info("ome.keras.wrap: %s trains with ome.gradients(%s)", model.name, options)
+    log.info("ome.keras.wrap: %s trains with ome.gradients(%s)", model.name,
+             format_options(options))
     return model
 
 
@@ -342,6 +343,7 @@ def _measured_train_function(model, step):
     def make_train_function(force=False):
         if isinstance(model.train_function, MeasuredSteps) and not force:
             return model.train_function
+        _build_optimizer(model)
         try:
             measure.memory_stats(measure.memory_stats_device(None))
         except errors.DeviceError as err:
@@ -359,6 +361,16 @@ def _measured_train_function(model, step):
         return measured
 
     return make_train_function
+
+
+def _build_optimizer(model):
+    """Create the optimizer's variables now, as Keras does under a distribution strategy.
+    Left to the first trace, their creation makes TensorFlow trace the step a second time,
+    and ome plan it twice."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built and model.built:
+        with model.distribute_strategy.scope():
+            optimizer.build(model.trainable_variables)
 
 
 def _state(model, budget):

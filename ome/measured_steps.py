@@ -327,10 +327,15 @@ class MeasuredSteps:
             out.append(self.step(*args, **kwargs))
             costs, replayed = None, self.estimates().get("device_peak")
         else:
-            scope = getattr(plans[-1][1], "scope", "") if plans else ""
+            info = plans[-1][1] if plans else None
+            updates = self.updates()
+            names = set(getattr(info, "graph_ops", ()))
+            for producer, readers in (updates or {}).items():
+                names.update((producer, *readers))
             costs = profile_steps(lambda: out.append(self.step(*args, **kwargs)),
-                                  device=self.device, updates=self.updates(),
-                                  scope=scope or "gradients")  # the profiled plan's backward
+                                  device=self.device, updates=updates,
+                                  scope=getattr(info, "scope", "") or "gradients",
+                                  names=names)  # the profiled plan's graph and backward
             replayed = replayed_peak(plans[-1], costs) if plans else None
         peak = self.profiled_peak = memory_stats(self.device)["peak"]
         if compiled and self.budget is not None and \

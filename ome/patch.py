@@ -80,7 +80,9 @@ class patch:  # pylint: disable=invalid-name  (used like a function: `with ome.p
             raise errors.InvalidArgumentError("this ome.patch is already active")
         self._saved = tfprivate.replace_gradients_function(self._gradients,
                                                            self._gradients_v1)
-        log.info("tf.gradients now goes through ome.gradients(%s)", self.options)
+        from ome.gradients import format_options  # pylint: disable=import-outside-toplevel
+        log.info("tf.gradients now goes through ome.gradients(%s)",
+                 format_options(self.options))
         return self.calls
 
     def stop(self):

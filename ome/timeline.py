@@ -19,7 +19,7 @@ from ome import errors
 from ome.core import sizes, simulate
 from ome.core.costs import STATIC, CostModel
 from ome.core.plans import Plan
-from ome.tf import measure, rewrite, tfprivate
+from ome.tf import measure, profile, rewrite, tfprivate
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,9 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
     position = {(kind, name): i for i, (kind, name, _) in enumerate(predicted)}
     run()  # warm-up: the measured step allocates what a step allocates, not first-run state
     host_ops = {op for op, (kind, _) in info.event_ops.items() if kind == "swap_out"}
-    series = list(measure.device_series(tfprivate.profiler_trace(run).allocations, host_ops))
+    trace = profile.with_graph_names(tfprivate.profiler_trace(run),
+                                     set(view.ops) | set(info.event_ops))
+    series = list(measure.device_series(trace.allocations, host_ops))
     if not series:
         raise errors.InvalidArgumentError("the measured step allocated nothing on the device")
     first = series[0]  # the bytes before it: what stays allocated between steps

@@ -133,7 +133,8 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
                f"of {steps + peak_steps}", **extra)
 
 
-def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients"):
+def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
+                  names=None):
     """The cost model of the step that ``run()`` runs, in any route: a ``tf.function``
     step, Keras's ``train_on_batch``, a session's ``run``. Read from TensorFlow's own
     profiler, so it needs no ``RunMetadata`` and profiles the step as it is built (a
@@ -156,6 +157,10 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients")
         gradient's last update (the most of the steps).
     scope : the name scope of the step's backward ops (``name=`` of ``ome.gradients``):
         the model's ``backward_scope``, so a step built under another finds their figures.
+    names : the op names of the graph the step was traced into, where the step runs it
+        through a function call of its own (Keras's train function calls its step's
+        graph so): TensorFlow inlines the call and its profiler names each op
+        ``"<call>/<op>"``, which is read as the name in ``names`` it ends with.
 
     Returns
     -------
@@ -185,7 +190,7 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients")
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(list)
     overheads, delays = [], collections.defaultdict(list)
     for _ in range(steps):
-        trace = tfprivate.profiler_trace(run)
+        trace = with_graph_names(tfprivate.profiler_trace(run), names)
         step_seconds, start, end = collections.Counter(), {}, {}
         for op_run in trace.op_runs:
             step_seconds[op_run.op] += (op_run.end_picos - op_run.start_picos) / 1e12
@@ -219,6 +224,28 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients")
         chunk_overhead=statistics.median(overheads) if overheads else 1.0,
         source=f"profiled on {stats_device} by TensorFlow's profiler, median of {steps} "
                "steps", **extra)
+
+
+def with_graph_names(trace, names):
+    """``trace`` (:data:`ome.tf.tfprivate.Trace`) with each op name read past the
+    function calls inlined around it (``"<call>/<op>"``): the name in ``names``, the op
+    names of the graph the step was traced into, it ends with (names in none kept)."""
+    if not names:
+        return trace
+    names, known = set(names), {}
+
+    def named(op):
+        if op not in known:
+            name = op
+            while name not in names and "/" in name:
+                name = name.split("/", 1)[1]
+            known[op] = name if name in names else op
+        return known[op]
+
+    return tfprivate.Trace(
+        [event._replace(op=named(event.op)) if event.op else event
+         for event in trace.allocations],
+        [op_run._replace(op=named(op_run.op)) for op_run in trace.op_runs])
 
 
 def _on_device(stats_device):

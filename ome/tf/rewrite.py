@@ -11,7 +11,7 @@ name the schedule uses is checked before the first op is added. TensorFlow's pri
 """
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import networkx as nx
 import tensorflow as tf
@@ -45,6 +45,9 @@ class RewriteInfo:
     # the step the plan was applied to and its backward's name scope (set by ome.gradients)
     view: Optional[GraphView] = None
     scope: str = ""
+    # the names of the graph's ops once the plan was applied (set by ome.gradients): what a
+    # profile of the step is read by (ome.tf.profile.with_graph_names)
+    graph_ops: FrozenSet[str] = frozenset()
 
 
 def build_backward(ys, xs, grad_ys, *, scope, **options):

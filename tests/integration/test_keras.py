@@ -52,7 +52,7 @@ def test_a_budget_without_a_cost_model_is_measured_and_met():
         "OK measured plan", "OK measured steps within the budget",
         "OK measured losses follow plain Keras",
         "OK a budget refused after the steps measuring it ran leaves weights and optimizer "
-        "state as before"], lines
+        "state as before", "OK fit measured by the step's op names"], lines
 
 
 def test_refusals_compile_guard_budget_and_patch_warning():

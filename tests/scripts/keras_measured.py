@@ -88,3 +88,17 @@ check_restored(lambda: train(tight), lambda: [v.numpy() for v in variables],
 print("OK a budget refused after the steps measuring it ran leaves weights and optimizer "
       "state as before")
 
+# fit calls the step's graph through a function call of its own, which the profiler's
+# names carry ("StatefulPartitionedCall/..."): the profile is read by the step's own names
+fitted = ome.keras.wrap(make())
+fitted.fit(tf.data.Dataset.from_tensors((x, y)).repeat(), steps_per_epoch=3, verbose=0)
+timed = set(ome.keras.measured_cost_model(fitted).op_seconds) & \
+    set(ome.keras.plans(fitted)[-1][1].view.ops)
+delays = ome.keras.measured_cost_model(fitted).update_delays
+assert len(timed) >= 24 and delays, f"{len(timed)} of the step's ops timed, {delays}"
+# the optimizer's slots are made before the first trace: made in it, they would have
+# TensorFlow trace (and ome plan) the first step twice
+traces = len(ome.keras.plans(fitted))
+assert traces == 2 + fitted.train_function.kept_first, f"{traces} traces"
+print(f"OK fit measured by the step's op names: {len(timed)} ops timed, {len(delays)} "
+      f"gradient updates, {traces} traces")
