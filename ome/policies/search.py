@@ -173,6 +173,7 @@ class Search:
         self.solve_seconds = 0.0
         self.solves = 0
         self.trials: List[Trial] = []
+        self.min_peak_trials: List[Optional[Trial]] = []  # at most one: min_peak's
 
     def remaining(self):
         return self.deadline - time.perf_counter()
@@ -196,6 +197,18 @@ class Search:
                 break  # held at the floor: the same program again
             target = solved_for = floored
             trial = self.solve(target, limit=limit)
+            if trial is None and not self.min_peak_trials and self.min_peak() is not None:
+                # No plan at the first modelled limit: the model errs high there. The
+                # smallest-peak plan (which the fall-back solves for anyway) gives an
+                # error to correct by and an incumbent for the later solves; climbing
+                # without one costs a fruitless solve per round (minutes on Keras's
+                # ResNet-50).
+                bracket.low = max(bracket.low, target)
+                corrected = self.corrected(limit)
+                target = corrected if corrected > bracket.low else bracket.next(target, None)
+                if target is None:
+                    break
+                continue
             if trial is not None and trial.peak > limit and (
                     trial.plan.changes_nothing() or previous is not None and
                     limit < previous.peak <= trial.peak):
@@ -226,11 +239,8 @@ class Search:
         ``select.auto``'s, then the cheapest plan found at that peak."""
         self.auto()
         # Proving the smallest peak is the hard part (a weak LP bound): keep time for
-        # the cheapest plan at the peak found. A min-peak solve made already (a fit's
-        # fall-back) is not made again.
-        trial = next((t for t in self.trials if t.status.solved and t.target is None), None)
-        if trial is None:
-            trial = self.solve(None, seconds=self.remaining() / 2)
+        # the cheapest plan at the peak found.
+        trial = self.min_peak(seconds=self.remaining() / 2)
         if trial is None:
             log.warning("optimal: HiGHS found no min-peak plan; using select.auto's")
         else:
@@ -260,8 +270,7 @@ class Search:
         log.info("optimal: no plan from HiGHS fits %s; trying the smallest-peak plans",
                  sizes.format_bytes(limit))
         self.auto()
-        if not any(t.status.solved and t.target is None for t in self.trials):
-            self.solve(None)
+        self.min_peak()
         if not self.fitting(limit):
             smallest = min(t.peak for t in self.trials)
             error = errors.BudgetError(
@@ -269,6 +278,13 @@ class Search:
                 f"is {sizes.format_bytes(smallest)} ({smallest} bytes, simulated)")
             error.smallest = smallest  # for callers that add static bytes to it
             raise error
+
+    def min_peak(self, seconds=None):
+        """The smallest-peak program's plan, solved once in a search (None: HiGHS found
+        none)."""
+        if not self.min_peak_trials:
+            self.min_peak_trials.append(self.solve(None, seconds=seconds))
+        return self.min_peak_trials[0]
 
     def solve(self, target, seconds=None, limit=None):
         """Solve for a modelled limit (None: the smallest modelled peak) in ``seconds``

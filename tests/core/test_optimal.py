@@ -229,6 +229,40 @@ def test_the_first_solves_end_by_their_own_rules_not_the_deadline(monkeypatch):
     assert plan.estimates["device_peak"] <= 10 * MiB and plan.recomputed
 
 
+def test_a_limit_with_no_plan_is_corrected_by_the_smallest_peak_plan(monkeypatch):
+    # A model that errs high leaves the first limit without a plan. The search then solves
+    # the smallest-peak program (which a fall-back would solve later anyway), corrects the
+    # limit by that plan's error and starts from it, instead of climbing by a tenth of the
+    # limit per fruitless solve (minutes each on Keras's ResNet-50).
+    targets, calls = [], []
+    solve = problem.Problem.solve
+
+    def misjudged(self, target, seconds, starts=()):
+        targets.append(target)
+        if len(targets) == 1:
+            return None, 0.0
+        return solve(self, target, seconds, starts)
+
+    def recorded(*args, options, starts=(), **kwargs):
+        calls.append(dict(options, starts=len(starts)))
+        return real(*args, options=options, starts=starts, **kwargs)
+
+    real = highs.solve
+    monkeypatch.setattr(problem.Problem, "solve", misjudged)
+    monkeypatch.setattr(highs, "solve", recorded)
+    view = chain(20)
+    plan = search.optimal(view, limit=10 * MiB)
+    assert targets[0] == 10 * MiB and targets[1] is None and targets[2] is not None
+    assert calls[1]["starts"] >= 1  # the next solve under a limit starts from a plan
+    assert plan.estimates["device_peak"] <= 10 * MiB and plan.recomputed
+    # the smallest-peak solve keeps HiGHS's cuts at every node; the solves under a limit
+    # do without them
+    smallest, limited = calls[0], calls[1:]
+    assert smallest["mip_max_nodes"] == problem.SMALLEST_NODES and \
+        "mip_allow_cut_separation_at_nodes" not in smallest
+    assert limited and all(problem.LIMIT_SOLVE_OPTIONS.items() <= c.items() for c in limited)
+
+
 def test_an_infeasible_limit_names_the_smallest_peak_reached():
     view = chain(6)
     smallest = search.optimal(view).estimates["device_peak"]
