@@ -29,11 +29,10 @@ MAX_NODES = 50
 # later limit of a search is placed from: on Keras's ResNet-50 (64x64, batch 32) 50
 # nodes left it 84 MiB (3 s), 500 at 75 MiB (14 s), 1000 at 70 MiB (43 s).
 SMALLEST_NODES = 1000
-# HiGHS options of a solve under a limit. Its nodes then start from a plan that fits (the
-# smallest-peak plan, an earlier round's), and separating cuts at every node and strong
-# branching made each node cost seconds: on Keras's ResNet-50 at batch 96, 50 nodes took
-# 323 s with them and 5.6 s without, for the same plan. The smallest-peak program keeps
-# them: without, its plan's peak was 7% higher there.
+# HiGHS options of a solve under a limit, which starts from a plan that fits: cuts at
+# every node and strong branching made each of its nodes cost seconds on large graphs, for
+# the same plan. The smallest-peak program keeps them: it finds lower plans with them
+# (docs/ALGORITHM.md, "Node limit, gap, no clock").
 LIMIT_SOLVE_OPTIONS = {"mip_allow_cut_separation_at_nodes": False, "mip_pscost_minreliable": 0}
 
 
