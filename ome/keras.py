@@ -113,7 +113,7 @@ def wrap(model, *, profile=None, **options):
     if _measures(options, profile):
         model.make_train_function = _measured_train_function(model, step)
     else:
-        vars(model).pop("make_train_function", None)
+        model.make_train_function = _train_function(model)
     model.train_function = None  # traced again, with ome, on the next fit
     log.info("ome.keras.wrap: %s trains with ome.gradients(%s)", model.name,
              format_options(options))
@@ -322,6 +322,17 @@ def _wait_for_own_gradient(update_ops, grads):
 def _measures(options, profile):
     """Whether a wrapped step measures itself (``wrap``'s ``profile``)."""
     return asks_measurement(options, any_policy=True) if profile is None else profile
+
+
+def _train_function(model):
+    """``model.make_train_function``, the optimizer built first (:func:`_build_optimizer`)."""
+    make = type(model).make_train_function.__get__(model)
+
+    def make_train_function(force=False):
+        _build_optimizer(model)
+        return make(force=force)
+
+    return make_train_function
 
 
 def _measured_train_function(model, step):

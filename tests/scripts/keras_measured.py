@@ -100,5 +100,8 @@ assert len(timed) >= 24 and delays, f"{len(timed)} of the step's ops timed, {del
 # TensorFlow trace (and ome plan) the first step twice
 traces = len(ome.keras.plans(fitted))
 assert traces == 2 + fitted.train_function.kept_first, f"{traces} traces"
+handed = ome.keras.wrap(make(), cost_model=ome.keras.measured_cost_model(fitted))
+handed.fit(tf.data.Dataset.from_tensors((x, y)).repeat(), steps_per_epoch=2, verbose=0)
+assert len(ome.keras.plans(handed)) == 1, f"{len(ome.keras.plans(handed))} traces handed costs"
 print(f"OK fit measured by the step's op names: {len(timed)} ops timed, {len(delays)} "
       f"gradient updates, {traces} traces")
