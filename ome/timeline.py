@@ -77,8 +77,7 @@ def memory_timeline(record, run, path, *, budget=None, cost_model=None, title=No
     position = {(kind, name): i for i, (kind, name, _) in enumerate(predicted)}
     run()  # warm-up: the measured step allocates what a step allocates, not first-run state
     host_ops = {op for op, (kind, _) in info.event_ops.items() if kind == "swap_out"}
-    trace = profile.with_graph_names(tfprivate.profiler_trace(run),
-                                     set(view.ops) | set(info.event_ops))
+    trace = profile.with_graph_names(tfprivate.profiler_trace(run), info.graph_ops)
     series = list(measure.device_series(trace.allocations, host_ops))
     if not series:
         raise errors.InvalidArgumentError("the measured step allocated nothing on the device")
