@@ -337,7 +337,7 @@ def _train_function(model):
 
 def _measured_train_function(model, step):
     """``model.make_train_function`` whose train function is a :class:`MeasuredSteps`."""
-    make = type(model).make_train_function.__get__(model)
+    make = _train_function(model)
     budget = step.options.get("memory_budget")
     if budget is not None:
         budget = sizes.parse_bytes(budget, what="memory budget")
@@ -354,7 +354,6 @@ def _measured_train_function(model, step):
     def make_train_function(force=False):
         if isinstance(model.train_function, MeasuredSteps) and not force:
             return model.train_function
-        _build_optimizer(model)
         try:
             measure.memory_stats(measure.memory_stats_device(None))
         except errors.DeviceError as err:
