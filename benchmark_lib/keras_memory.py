@@ -38,6 +38,12 @@ or is done: up to as many again). The verdicts compare ``ome:matched`` with each
 by more than the larger of the two cells' spreads (interquartile ranges). A variant that
 raises is recorded as crashed, with the first line of its error.
 
+``--rounds N`` measures every cell N times, each a fresh process, every other round in
+the opposite order, the budgets those of the first round: step times on this kind of
+machine move by 10-30% between runs minutes apart, more than within one cell's steps, so
+a row's step time is the median of every round's timed steps and its spread their
+interquartile range; peak and transient are the most of the rounds.
+
 ``--replicas 2`` trains under ``tf.distribute.MirroredStrategy`` on two logical CPU
 devices, the batch being the global one (each replica gets half). The logical CPU devices
 share one allocator, so peak and transient are both replicas' together; each replica runs
@@ -137,6 +143,9 @@ def _parse(argv):
                         help="train under MirroredStrategy on this many logical CPU devices")
     parser.add_argument("--ome-options", type=json.loads, default={}, metavar="JSON",
                         help='options of ome.keras.wrap, e.g. \'{"checkpoints": "memory"}\'')
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every cell this many times, each a fresh process, "
+                             "every other round in the opposite order (default 1)")
     parser.add_argument("--child-timeout", type=float, default=900,
                         help="seconds a (model, variant) may take (default 900)")
     parser.add_argument("--out", help="write table.md, table.json and table.png here")
@@ -150,6 +159,8 @@ def _parse(argv):
         parser.error("--steps must be at least 5")
     if args.replicas < 1:
         parser.error("--replicas must be at least 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.merge and not args.out:
         parser.error("--merge needs --out")
     return args
@@ -165,25 +176,74 @@ def _variants(model, chosen):
 
 
 def _measured(args):
-    """A table document of one run: every (model, variant) of ``args``, measured. With
-    ``--out``, ``table.json`` is written after each row: a run stopped midway keeps what
-    it measured."""
+    """A table document of one run: every (model, variant) of ``args``, measured in
+    ``args.rounds`` rounds. With ``--out``, ``table.json`` is written after each cell: a
+    run stopped midway keeps what it measured."""
     source_commit()  # the commit measured, read before the runs
     config = {key: getattr(args, key) for key in (
         "models", "variants", "steps", "warmup", "mlp_batch", "resnet_batch", "resnet_size",
-        "budget_fraction", "replicas", "ome_options")}
+        "budget_fraction", "replicas", "ome_options", "rounds")}
     load = {"before": os.getloadavg(), "after": os.getloadavg()}
     part = {"command": command_line(), "commit": source_commit(), "date": now(),
             "machine": machine_info(), "config": config, "load_average": load, "rows": []}
     rows = part["rows"]
-    for model in args.models:
-        for variant in _variants(model, args.variants):
-            rows.append(_run_child(args, model, variant, _plain(rows, model), rows))
-            print(_row_line(rows[-1], _plain(rows, model)), flush=True)
-            load["after"] = os.getloadavg()
-            if args.out:
-                child_runs.write_json(args.out, "table", {"parts": [part]})
+    for round_index in range(args.rounds):
+        for model in args.models:
+            variants = _variants(model, args.variants)
+            # every other round in the opposite order, so a drift of the machine's speed
+            # weighs on every variant alike
+            for variant in variants[::-1] if round_index % 2 else variants:
+                if round_index == 0:
+                    plain = _plain(rows, model)
+                    reason = _skip_reason(model, variant, plain)
+                    row = {"model": model, "variant": variant,
+                           "batch": _batch_size(args, model), "replicas": args.replicas}
+                    if reason:
+                        row["skipped"] = reason
+                    else:
+                        budget = _budget(args, variant, plain, rows)
+                        if budget is not None:
+                            row["budget"] = budget
+                        _add_round(row, _run_child(args, model, variant, budget))
+                    rows.append(row)
+                else:
+                    row = next(r for r in rows if r["model"] == model and r["variant"] == variant)
+                    if not _measured_ok(row):
+                        continue  # skipped, or crashed in the first round
+                    _add_round(row, _run_child(args, model, variant, row.get("budget")))
+                print(_row_line(row, _plain(rows, model)), flush=True)
+                load["after"] = os.getloadavg()
+                if args.out:
+                    child_runs.write_json(args.out, "table", {"parts": [part]})
     return {"parts": [part]}
+
+
+def _add_round(row, result):
+    """Add one round's ``result`` (a child's, or its ``error``) to ``row``: ``rounds`` lists
+    them; ``peak`` and ``transient`` are the most of the measured rounds, ``step_times``
+    all their timed steps, ``step_time`` the median of those, ``note`` each distinct plan;
+    a round that failed after one measured is named in ``failed_rounds``."""
+    rounds = row.setdefault("rounds", [])
+    rounds.append(result)
+    measured = [r for r in rounds if "error" not in r]
+    if not measured:
+        row["error"] = result["error"]
+        return
+    if "error" in result:
+        row.setdefault("failed_rounds", []).append(f"round {len(rounds)}: {result['error']}")
+    row["peak"] = max(r["peak"] for r in measured)
+    row["transient"] = max(r["transient"] for r in measured)
+    row["resident"] = measured[0]["resident"]
+    row["step_times"] = [t for r in measured for t in r["step_times"]]
+    row["step_time"] = statistics.median(row["step_times"])
+    row["settling_steps"] = max(r["settling_steps"] for r in measured)
+    row["wall_seconds"] = round(sum(r.get("wall_seconds", 0) for r in rounds), 1)
+    notes = list(dict.fromkeys(r["note"] for r in measured if "note" in r))
+    if notes:
+        row["note"] = " / ".join(notes)
+    for key in ("explain",):
+        if key in measured[0]:
+            row[key] = measured[0][key]
 
 
 def _merged(paths):
@@ -205,42 +265,45 @@ def _skip_reason(model, variant, plain):
     return None
 
 
-def _run_child(args, model, variant, plain, rows):
-    """Measure one (model, variant) in a fresh process; its result dict (``plain``: the
-    model's plain row, which ``ome:budget`` takes its budget from; ``rows``: those measured
-    before, which ``ome:matched`` takes its budget from)."""
-    row = {"model": model, "variant": variant, "batch": _batch_size(args, model),
-           "replicas": args.replicas}
-    reason = _skip_reason(model, variant, plain)
-    if reason:
-        return dict(row, skipped=reason)
-    options = dict(args.ome_options)
+def _budget(args, variant, plain, rows):
+    """The ``memory_budget`` of ``ome:budget`` (a share of ``plain``'s peak) and
+    ``ome:matched`` (of the least peak of ``rows``' plain and ``RematScope`` runs of the
+    model), in bytes; None for the other variants."""
     if variant == "ome:budget":
-        options["memory_budget"] = row["budget"] = int(args.budget_fraction * plain["peak"])
+        return int(args.budget_fraction * plain["peak"])
     if variant == "ome:matched":
-        least = min(r["peak"] for r in rows if r["model"] == model and _measured_ok(r)
+        least = min(r["peak"] for r in rows if r["model"] == plain["model"]
+                    and _measured_ok(r)
                     and (r["variant"] == "plain" or r["variant"].startswith("remat:")))
-        options["memory_budget"] = row["budget"] = int(MATCHED_SHARE * least)
+        return int(MATCHED_SHARE * least)
+    return None
+
+
+def _run_child(args, model, variant, budget):
+    """Measure one (model, variant) in a fresh process, with ``budget`` as its
+    ``memory_budget`` where not None: the child's result dict, or ``{"error": ...}``."""
+    options = dict(args.ome_options)
+    if budget is not None:
+        options["memory_budget"] = budget
     spec = {"model": model, "variant": variant, "steps": args.steps, "warmup": args.warmup,
-            "batch": row["batch"], "size": args.resnet_size, "ome_options": options,
-            "replicas": args.replicas, "explain": args.explain}
+            "batch": _batch_size(args, model), "size": args.resnet_size,
+            "ome_options": options, "replicas": args.replicas, "explain": args.explain}
     command = [sys.executable, "-m", "benchmark_lib.keras_memory", "--child", json.dumps(spec)]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False,
                               timeout=args.child_timeout)
     except subprocess.TimeoutExpired as stopped:
-        return dict(row, error=f"timed out: stopped after {args.child_timeout:.0f} s "
-                               f"(last logged: {_last_line(stopped.stderr)})")
-    row["wall_seconds"] = round(time.perf_counter() - start, 1)
+        return {"error": f"timed out: stopped after {args.child_timeout:.0f} s "
+                         f"(last logged: {_last_line(stopped.stderr)})"}
+    wall = round(time.perf_counter() - start, 1)
     for line in done.stdout.splitlines():
         if line.startswith("EXPLAIN "):
             print(line[len("EXPLAIN "):], flush=True)
         if line.startswith("RESULT "):
-            row.update(json.loads(line[len("RESULT "):]))
-            return row
-    row["error"] = f"process ended with code {done.returncode}: {_last_line(done.stderr)}"
-    return row
+            return dict(json.loads(line[len("RESULT "):]), wall_seconds=wall)
+    return {"error": f"process ended with code {done.returncode}: {_last_line(done.stderr)}",
+            "wall_seconds": wall}
 
 
 def _last_line(stderr):
@@ -351,14 +414,20 @@ def markdown(doc):
     if "merged_by" in doc:
         lines += [f"One table of the runs above: `{doc['merged_by']}`.", ""]
     config = doc["parts"][0]["config"]
+    rounds = config.get("rounds", 1)
     lines += [f"{config['warmup']} warm-up and {config['steps']} timed `fit` steps per cell "
               "(a wrapped step that measures itself warms up until it has settled: up to "
               f"{config['warmup']} steps more), "
-              "each cell a fresh process, one at a time; one repeated batch; momentum SGD, "
-              "XLA off. `device peak`: the allocator's most during a timed step; "
-              "`transient`: the most of a step's peak minus the bytes in use before it "
-              "(weights, optimizer slots, the batch); `step ms`: the median; `×plain`: a "
-              "ratio to the model's plain `fit` in the same run.", "",
+              "each cell a fresh process, one at a time"
+              + (f", in {rounds} rounds (every other one in the opposite order)"
+                 if rounds > 1 else "")
+              + "; one repeated batch; momentum SGD, XLA off. `device peak`: the allocator's "
+              "most during a timed step; `transient`: the most of a step's peak minus the "
+              "bytes in use before it (weights, optimizer slots, the batch); `step ms`: the "
+              "median" + (" of every round's timed steps" if rounds > 1 else "")
+              + "; `×plain`: a ratio to the model's plain `fit` in the same run"
+              + (" (a plan that differed between rounds: each, separated by /)"
+                 if rounds > 1 else "") + ".", "",
               "| model | variant | device peak MiB | transient MiB | transient ×plain "
               "| step ms | step time ×plain | ome's plan |",
               "|---|---|---|---|---|---|---|---|"]
@@ -398,7 +467,13 @@ def _table_row(row, plain, config):
     return (f"{head} {row['peak'] / _MiB:.1f} | {row['transient'] / _MiB:.1f} | "
             f"{_format_ratio(_ratio(row, plain, 'transient'))} | "
             f"{row['step_time'] * 1e3:.0f} | "
-            f"{_format_ratio(_ratio(row, plain, 'step_time'))} | {row.get('note', '-')} |")
+            f"{_format_ratio(_ratio(row, plain, 'step_time'))} | {_note(row)} |")
+
+
+def _note(row):
+    """A row's plan, and the rounds in which it failed where another measured it."""
+    failed = "; ".join(row.get("failed_rounds", ()))
+    return "; ".join(part for part in (row.get("note"), failed) if part) or "-"
 
 
 def _plot(doc, path):

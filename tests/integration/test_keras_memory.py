@@ -5,6 +5,8 @@ import json
 import sys
 import types
 
+import pytest
+
 from benchmark_lib import keras_memory, results_doc
 
 MiB = 2**20
@@ -92,3 +94,50 @@ def test_ome_matched_takes_the_least_peak_of_plain_and_remat_as_its_budget(tmp_p
     assert matched["peak"] <= matched["budget"] and matched["settling_steps"] >= 1
     assert plain["settling_steps"] == remat["settling_steps"] == 0
     assert "x the least peak of plain and `RematScope`" in (tmp_path / "table.md").read_text()
+
+
+def test_rounds_pool_each_cells_steps_and_keep_the_first_rounds_budgets(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_child(args, model, variant, budget):
+        calls.append((variant, budget))
+        if variant == "remat:full":
+            return {"error": "ValueError: no keywords"}
+        turn = sum(v == variant for v, _ in calls)
+        if variant == "ome:budget" and turn == 3:
+            return {"error": "timed out: stopped after 900 s (last logged: planning)"}
+        transient = {"plain": 200, "ome": 50, "ome:budget": 100 + turn}[variant] * MiB
+        seconds = {"plain": 0.5, "ome": 0.6, "ome:budget": 0.5 + turn / 10}[variant]
+        return {"peak": transient + 240 * MiB, "transient": transient,
+                "resident": 240 * MiB, "step_time": seconds, "step_times": [seconds] * 5,
+                "settling_steps": int(variant != "plain"),
+                **({"note": f"{turn} checkpoints"} if variant != "plain" else {})}
+
+    monkeypatch.setattr(keras_memory, "_run_child", fake_child)
+    assert keras_memory.main(["--models", "mlp", "--variants", "plain", "remat:full", "ome",
+                              "ome:budget", "--rounds", "3", "--out", str(tmp_path)]) == 0
+    # crashed in the first round: not run again; later rounds in turn reversed
+    assert [v for v, _ in calls] == ["plain", "remat:full", "ome", "ome:budget",
+                                     "ome:budget", "ome", "plain",
+                                     "plain", "ome", "ome:budget"]
+    budgets = {b for v, b in calls if v == "ome:budget"}
+    assert budgets == {int(0.7 * 440 * MiB)}
+    rows = {r["variant"]: r for r in
+            json.loads((tmp_path / "table.json").read_text())["parts"][0]["rows"]}
+    assert rows["remat:full"]["error"] == "ValueError: no keywords"
+    budget = rows["ome:budget"]
+    assert len(budget["rounds"]) == 3 and len(budget["step_times"]) == 10
+    assert budget["transient"] == 102 * MiB and budget["step_time"] == pytest.approx(0.65)
+    assert budget["note"] == "1 checkpoints / 2 checkpoints"
+    assert budget["failed_rounds"] == ["round 3: timed out: stopped after 900 s "
+                                       "(last logged: planning)"]
+    assert len(rows["ome"]["step_times"]) == 15 and rows["ome"]["note"] == \
+        "1 checkpoints / 2 checkpoints / 3 checkpoints"
+    text = (tmp_path / "table.md").read_text()
+    assert "in 3 rounds (every other one in the opposite order)" in text
+    assert "1 checkpoints / 2 checkpoints; round 3: timed out" in text
+
+
+def test_rounds_must_be_at_least_one():
+    with pytest.raises(SystemExit):
+        keras_memory.main(["--rounds", "0"])
