@@ -13,9 +13,9 @@ gradient caches (``tfprivate.copy_gradient_caches``), so ``tf.gradients`` builds
 ops on it, and the plan made there is the plan built. Only where the copy's step still
 differs from the graph's (a gradient function of TensorFlow's that reads state a copy
 does not have) is the plan made again on the graph itself, so it is always the plan of
-the ops built. A graph a copy cannot rebuild (functional control flow, a gradient
-function of its own, a ``tf.function`` graph whose captured variables lose their shapes
-in a copy) is planned on the graph itself, after ``tf.gradients`` built its ops there.
+the ops built. A graph a copy cannot rebuild (a gradient function of its own, a
+``tf.function`` graph whose captured variables lose their shapes in a copy) is planned on
+the graph itself, after ``tf.gradients`` built its ops there.
 """
 import dataclasses
 import functools
@@ -473,8 +473,10 @@ def _scratch_view(ys, xs, grad_ys, scope, batch_size, tf_options):
     if tf_options.get("stop_gradients"):
         tf_options = {**tf_options,
                       "stop_gradients": [local(t) for t in tf_options["stop_gradients"]]}
-    _, view, _ = _build_and_capture([local(t) for t in ys], [local(t) for t in xs],
-                                    [local(g) for g in grad_ys], scope, batch_size, tf_options)
+    with tfprivate.functions_released(scratch):
+        _, view, _ = _build_and_capture([local(t) for t in ys], [local(t) for t in xs],
+                                        [local(g) for g in grad_ys], scope, batch_size,
+                                        tf_options)
     return scratch, view
 
 
@@ -490,11 +492,8 @@ def capture_view(ys, xs, grad_ys=None, *, batch_size=None):
 
 def _uncopyable(forward):
     """Why ``tf.gradients`` of the ``forward`` ops cannot be built on a copy of their graph
-    ("" when it can): functional control flow registers its gradient functions by name,
-    so they cannot be built twice; a gradient function of the graph's own builds its ops
-    from the tensors it closed over, which are the original graph's, not the copy's."""
-    if any(capture_mod.calls_functions(op) for op in forward):
-        return "functional control flow (tf.while_loop, tf.cond, function calls)"
+    ("" when it can): a gradient function of the graph's own builds its ops from the
+    tensors it closed over, which are the original graph's, not the copy's."""
     own = [op.name for op in forward if capture_mod.has_own_gradient(op)]
     if own:
         return (f"a gradient function of its own ({own[0]}: tf.custom_gradient or "

@@ -374,10 +374,10 @@ def _judge_in_graph(program, setting, graph):
         message = _error_text(err)
         reason = documented_reason(setting, message)
         if len(graph.get_operations()) != ops_before:
-            # documented (README, Limits): a graph with a functional cond or loop, or a
-            # gradient function of its own, cannot be copied to plan on, so its refusals
-            # come after the backward pass was built
-            why = program.uncopyable(setting.control_flow_v1)
+            # documented (README, Limits): a graph with a gradient function of its own
+            # cannot be copied to plan on, so its refusals come after the backward pass
+            # was built
+            why = program.uncopyable()
             if reason is None or not why:
                 return "refusal_changed_graph", message, None, ""
             reason += f", after the backward pass ({why})"

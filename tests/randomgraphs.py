@@ -221,14 +221,10 @@ class Program:
         """Bytes of every floating-point tensor the ops make (leaves excluded)."""
         return sum(v.nbytes for v in self.values if v.is_float and not v.leaf)
 
-    def uncopyable(self, control_flow_v1=False):
+    def uncopyable(self):
         """Why ome cannot plan this program's gradients on a copy of its graph ("" when it
-        can; README, Limits): functional tf.cond or tf.while_loop (TF2's), or a gradient
-        function of the graph's own."""
-        families = {op.family for op in self.ops}
-        if not control_flow_v1 and families & {"cond", "while_loop"}:
-            return "functional control flow"
-        if "custom_sin" in families:
+        can; README, Limits): a gradient function of the graph's own."""
+        if "custom_sin" in {op.family for op in self.ops}:
             return "a gradient function of its own"
         return ""
 

@@ -78,6 +78,25 @@ def copy_gradient_caches(source, target):
     target._reduced_shape_cache = dict(source._reduced_shape_cache)
 
 
+@contextlib.contextmanager
+def functions_released(graph):
+    """Inside: what is built in ``graph`` (a throwaway copy) may register functions in
+    TensorFlow's context (the gradients of functional control flow, by names derived from
+    the forward functions'); on leaving, ``graph`` lets go of those, and each leaves the
+    context as it does when its graph is collected. The same gradient built on the
+    original graph afterwards registers its own under the same names."""
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+
+    registered = context.context()
+    before = set(registered.list_function_names())
+    try:
+        yield
+    finally:
+        added = set(registered.list_function_names()) - before
+        for name in [name for name in graph._functions if name in added]:  # pylint: disable=protected-access
+            del graph._functions[name]  # pylint: disable=protected-access
+
+
 def copy_op(op, inputs, name):
     """A copy of ``op`` reading ``inputs``, on the original's device."""
     graph = op.graph

@@ -150,32 +150,29 @@ def test_a_tf1_loop_output_can_be_swapped(graph, control_flow_v1):
 
 
 @pytest.mark.parametrize("version", ["v2", "v1"])
-def test_control_flow_is_planned_on_a_copy_where_tensorflow_can_copy_it(request, graph,
-                                                                       version):
-    # TF1's conds and loops are copied with their contexts (a MetaGraphDef), so a refusal
-    # leaves the graph as it was. Functional ones (v2) are not: building their gradient
-    # twice registers their rewritten functions twice, so ome.plan refuses to preview
-    # them and a refusal comes after the backward pass was built (README, Limits).
+def test_control_flow_is_planned_on_a_copy(request, graph, version):
+    # TF1's conds and loops are copied with their contexts (a MetaGraphDef). Functional
+    # ones (v2) register their gradient functions in TensorFlow's context by name: the
+    # copy lets go of its own, so the graph's own tf.gradients, ome's or the user's, can
+    # register them again after a preview or a refusal.
     if version == "v1":
         request.getfixturevalue("control_flow_v1")
     x, _ = graphs._input((64, 256))  # pylint: disable=protected-access
     h = _loop(_tanh_chain(x))
     h = tf.cond(tf.reduce_sum(h) > 0, lambda: tf.tanh(h), lambda: tf.sin(h))
     y = tf.reduce_sum(tf.tanh(h))
-    if version == "v2":
-        raises_unchanged(graph, errors.UnsupportedGraphError, "return_info=True",
-                         lambda: ome.plan([y], [x]))
-        # ome.capture_view too: its gradient on a copy registered the loop's rewritten
-        # functions, and the user's own tf.gradients then raised "duplicate function"
-        raises_unchanged(graph, errors.UnsupportedGraphError, "functional control flow",
-                         lambda: ome.capture_view([y], [x]))
-        assert tf.gradients(y, x)[0] is not None
-        return
     before = len(graph.get_operations())
     assert ome.plan([y], [x], checkpoints="optimal").recomputed  # a preview: on a copy
+    assert ome.capture_view([y], [x]).backward
     assert len(graph.get_operations()) == before
     raises_unchanged(graph, errors.BudgetError, "cannot fit",
                      lambda: ome.gradients([y], [x], memory_budget=1024))
+    expected = tf.gradients(y, x)[0]
+    grads, (plan, _) = ome.gradients([y], [x], checkpoints="optimal", return_info=True)
+    assert plan.recomputed
+    with tf.compat.v1.Session() as sess:
+        feed = {x: np.random.RandomState(0).rand(64, 256)}
+        np.testing.assert_array_equal(*sess.run([expected, grads[0]], feed))
 
 
 @tf.custom_gradient
