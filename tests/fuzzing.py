@@ -13,8 +13,8 @@ for that setting, else a false refusal); and the failures ``wrong_value``, ``wro
 (ome's ``None`` gradients are not where ``tf.gradients`` has them), ``crash`` (any other
 exception, ``ome.errors.InternalError`` included, or a TensorFlow error at run time) and
 ``refusal_changed_graph`` (an OmeError after ops were added; README's documented
-exceptions, a refusal of a program with a functional cond or loop or with a gradient
-function of its own, are documented refusals "after the backward pass").
+exception, a refusal of a program with a gradient function of its own, is a documented
+refusal "after the backward pass").
 ``grappler_miscompiled`` is not ome's: the values differ, but with Grappler's arithmetic
 optimizer off ``tf.gradients`` and ome agree, so both graphs compute the same function and
 the optimizer changed what one of them computes (TensorFlow 2.21's

@@ -302,10 +302,11 @@ def events(view, sched, reads):
     return list(nx.lexicographical_topological_sort(graph, key=index.__getitem__))
 
 
-# Sums Grappler's arithmetic optimizer regroups across their addends' producers, in
-# backprop and in the copies: a wait on an addend or an inner sum would change the grouping,
-# and the sum's last bits (a recomputed residual block's output, amplified by batch norm).
-UNCHAINED_SUMS = frozenset({"AddN", "Add", "AddV2"})
+# Sums and products Grappler's arithmetic optimizer regroups across their operands'
+# producers, in backprop and in the copies: a wait on an operand or an inner sum or
+# product would change the grouping, and the result's last bits (a recomputed residual
+# block's output, amplified by batch norm; the products of a GELU).
+REGROUPED_OPS = frozenset({"AddN", "Add", "AddV2", "Mul"})
 
 
 def enforced_order(view, sched, reads):
@@ -315,9 +316,9 @@ def enforced_order(view, sched, reads):
     swap-ins and the main backward ops (:attr:`GraphView.main`). Left unchained: ops in
     TF1 loops and conds (an edge into their frame is invalid), ops with no input that can
     wait (only resource or reference inputs), backward ops off the gradient flow (shapes,
-    constants, ``2 * x``: a wait would keep Grappler from folding them) and the sums,
-    backprop's and recomputed ones (:data:`UNCHAINED_SUMS`); they run when their inputs
-    are ready, as replayed.
+    constants, ``2 * x``: a wait would keep Grappler from folding them) and the sums and
+    products, backprop's and recomputed ones (:data:`REGROUPED_OPS`); they run when their
+    inputs are ready, as replayed.
     ``reads``: :func:`event_reads` for the same schedule."""
     def chained(kind, name):
         if kind in ("swap_in", "swap_out"):
@@ -378,7 +379,7 @@ def chained_op(view, name, *, copy=False):
     """Whether :func:`enforced_order` chains op ``name`` (or its recomputed ``copy``), so
     that it runs alone rather than beside other kernels."""
     op = view.ops[name]
-    if op.type in UNCHAINED_SUMS or not copy and (
+    if op.type in REGROUPED_OPS or not copy and (
             name not in view.main or not op.reroutable or name in view.maybe_dead):
         return False
     return any(can_wait(view, t) for t in op.inputs)
