@@ -13,9 +13,10 @@ gradient caches (``tfprivate.copy_gradient_caches``), so ``tf.gradients`` builds
 ops on it, and the plan made there is the plan built. Only where the copy's step still
 differs from the graph's (a gradient function of TensorFlow's that reads state a copy
 does not have) is the plan made again on the graph itself, so it is always the plan of
-the ops built. A graph a copy cannot rebuild (a gradient function of its own, a
-``tf.function`` graph whose captured variables lose their shapes in a copy) is planned on
-the graph itself, after ``tf.gradients`` built its ops there.
+the ops built. A graph a copy cannot rebuild (a gradient function of its own, nested
+functional control flow, a ``tf.function`` graph whose captured variables lose their
+shapes in a copy) is planned on the graph itself, after ``tf.gradients`` built its ops
+there.
 """
 import dataclasses
 import functools
@@ -493,11 +494,17 @@ def capture_view(ys, xs, grad_ys=None, *, batch_size=None):
 def _uncopyable(forward):
     """Why ``tf.gradients`` of the ``forward`` ops cannot be built on a copy of their graph
     ("" when it can): a gradient function of the graph's own builds its ops from the
-    tensors it closed over, which are the original graph's, not the copy's."""
+    tensors it closed over, which are the original graph's, not the copy's; nested
+    functional control flow registers the inner gradient functions where the copy cannot
+    let go of them (:func:`ome.tf.tfprivate.functions_released`), and the graph's own build
+    would then find them registered."""
     own = [op.name for op in forward if capture_mod.has_own_gradient(op)]
     if own:
         return (f"a gradient function of its own ({own[0]}: tf.custom_gradient or "
                 "gradient_override_map)")
+    if capture_mod.nests_functions(forward):
+        return ("nested functional control flow (a tf.cond or loop inside another, or a "
+                "function call inside one)")
     return ""
 
 

@@ -101,6 +101,24 @@ def calls_functions(op):
                for value in op.node_def.attr.values())
 
 
+def nests_functions(ops):
+    """Whether a function one of ``ops`` calls (functional control flow, a function call)
+    itself calls one, or is not in the graph's library: a ``tf.cond`` inside a loop's
+    body, a ``tf.scan`` inside a ``tf.map_fn``."""
+    called = {value.func.name for op in ops for value in op.node_def.attr.values()
+              if value.HasField("func")}
+    called |= {func.name for op in ops for value in op.node_def.attr.values()
+               if value.HasField("list") for func in value.list.func}
+    if not called:
+        return False
+    graph = next(iter(ops)).graph
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    return any(name not in library or any(
+        value.HasField("func") or (value.HasField("list") and value.list.func)
+        for node in library[name].node_def for value in node.attr.values())
+        for name in called)
+
+
 def has_own_gradient(op):
     """Whether ``op``'s gradient function was chosen for this graph (tf.custom_gradient,
     ``gradient_override_map``): a Python function that may read the graph's own tensors."""

@@ -84,7 +84,9 @@ def functions_released(graph):
     TensorFlow's context (the gradients of functional control flow, by names derived from
     the forward functions'); on leaving, ``graph`` lets go of those, and each leaves the
     context as it does when its graph is collected. The same gradient built on the
-    original graph afterwards registers its own under the same names."""
+    original graph afterwards registers its own under the same names. Not for nested
+    functional control flow: the inner gradients' functions are held by the outer ones'
+    graphs, not by ``graph``."""
     from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
 
     registered = context.context()
@@ -93,8 +95,9 @@ def functions_released(graph):
         yield
     finally:
         added = set(registered.list_function_names()) - before
-        for name in [name for name in graph._functions if name in added]:  # pylint: disable=protected-access
-            del graph._functions[name]  # pylint: disable=protected-access
+        held = graph._functions  # pylint: disable=protected-access
+        for name in [name for name in held if name in added]:
+            del held[name]
 
 
 def copy_op(op, inputs, name):

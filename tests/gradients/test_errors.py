@@ -175,6 +175,28 @@ def test_control_flow_is_planned_on_a_copy(request, graph, version):
         np.testing.assert_array_equal(*sess.run([expected, grads[0]], feed))
 
 
+def test_nested_functional_control_flow_is_planned_on_the_graph(graph):
+    # A tf.cond inside a loop's body: the inner cond's gradient functions are held by the
+    # loop's gradient graph, which the copy cannot let go of, and the graph's own build
+    # then raised "duplicate function". So it is planned on the graph itself, as a
+    # gradient function of the graph's own is, and ome.plan refuses to preview it.
+    x, _ = graphs._input((64, 256))  # pylint: disable=protected-access
+
+    def body(i, v):
+        return i + 1, tf.cond(tf.reduce_sum(v) > 0, lambda: tf.tanh(v), lambda: tf.sin(v))
+
+    h = tf.while_loop(lambda i, v: i < 3, body, [0, _tanh_chain(x)])[1]
+    y = tf.reduce_sum(tf.tanh(_tanh_chain(h)))
+    raises_unchanged(graph, errors.UnsupportedGraphError, "nested functional control flow",
+                     lambda: ome.plan([y], [x]))
+    grads, (plan, _) = ome.gradients([y], [x], checkpoints=[], return_info=True)
+    assert plan.recomputed
+    expected = tf.gradients(y, x)[0]
+    with tf.compat.v1.Session() as sess:
+        feed = {x: np.random.RandomState(0).rand(64, 256)}
+        np.testing.assert_array_equal(*sess.run([expected, grads[0]], feed))
+
+
 @tf.custom_gradient
 def _custom_sin(v):
     def grad(dy):
