@@ -641,8 +641,8 @@ def _gradients(ys, xs, grad_ys, name, tf_args, options):
     _check_budget_sizes(options, forward)
     _log_assumed_batch(options, forward)
     planned = None
-    if options.can_fail(forward) and not _uncopyable(forward) \
-            and not hasattr(graph, "captures"):
+    if options.can_fail(forward) and not hasattr(graph, "captures") \
+            and not _uncopyable(forward):
         scratch, planned_on = _scratch_view(ys, xs, grad_ys, scope, options.sizing_batch,
                                             tf_options)
         with scratch.as_default():
@@ -728,7 +728,7 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients"):
         host.validate_host_device(saved.host_device)
     scope = graph.unique_name(name, False)
     forward = capture_mod.upstream_ops(ys)
-    if not _uncopyable(forward) and not hasattr(graph, "captures"):
+    if not hasattr(graph, "captures") and not _uncopyable(forward):
         # checked on a copy first, so a plan for another step leaves the graph unchanged
         _, preview = _scratch_view(ys, xs, grad_ys, scope, None, {})
         if preview.step_fingerprint() != saved.step:
