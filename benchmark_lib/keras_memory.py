@@ -241,9 +241,8 @@ def _add_round(row, result):
     notes = list(dict.fromkeys(r["note"] for r in measured if "note" in r))
     if notes:
         row["note"] = " / ".join(notes)
-    for key in ("explain",):
-        if key in measured[0]:
-            row[key] = measured[0][key]
+    if "explain" in measured[0]:
+        row["explain"] = measured[0]["explain"]
 
 
 def _merged(paths):

@@ -95,28 +95,33 @@ def estimate_cost(op):
     return float(out)
 
 
+def _called(attrs):
+    """Names of the functions an op's (or a function body node's) attributes call."""
+    names = set()
+    for value in attrs.values():
+        if value.HasField("func"):
+            names.add(value.func.name)
+        if value.HasField("list"):
+            names.update(func.name for func in value.list.func)
+    return names
+
+
 def calls_functions(op):
     """Whether ``op`` calls a function (functional control flow, function calls)."""
-    return any(value.HasField("func") or (value.HasField("list") and value.list.func)
-               for value in op.node_def.attr.values())
+    return bool(_called(op.node_def.attr))
 
 
 def nests_functions(ops):
     """Whether a function one of ``ops`` calls (functional control flow, a function call)
     itself calls one, or is not in the graph's library: a ``tf.cond`` inside a loop's
     body, a ``tf.scan`` inside a ``tf.map_fn``."""
-    called = {value.func.name for op in ops for value in op.node_def.attr.values()
-              if value.HasField("func")}
-    called |= {func.name for op in ops for value in op.node_def.attr.values()
-               if value.HasField("list") for func in value.list.func}
+    called = set().union(*(_called(op.node_def.attr) for op in ops))
     if not called:
         return False
     graph = next(iter(ops)).graph
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
-    return any(name not in library or any(
-        value.HasField("func") or (value.HasField("list") and value.list.func)
-        for node in library[name].node_def for value in node.attr.values())
-        for name in called)
+    return any(name not in library or any(_called(node.attr) for node in library[name].node_def)
+               for name in called)
 
 
 def has_own_gradient(op):
