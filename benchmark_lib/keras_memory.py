@@ -194,17 +194,7 @@ def _measured(args):
             # weighs on every variant alike
             for variant in variants[::-1] if round_index % 2 else variants:
                 if round_index == 0:
-                    plain = _plain(rows, model)
-                    reason = _skip_reason(model, variant, plain)
-                    row = {"model": model, "variant": variant,
-                           "batch": _batch_size(args, model), "replicas": args.replicas}
-                    if reason:
-                        row["skipped"] = reason
-                    else:
-                        budget = _budget(args, variant, plain, rows)
-                        if budget is not None:
-                            row["budget"] = budget
-                        _add_round(row, _run_child(args, model, variant, budget))
+                    row = _first_round(args, model, variant, rows)
                     rows.append(row)
                 else:
                     row = next(r for r in rows if r["model"] == model and r["variant"] == variant)
@@ -216,6 +206,22 @@ def _measured(args):
                 if args.out:
                     child_runs.write_json(args.out, "table", {"parts": [part]})
     return {"parts": [part]}
+
+
+def _first_round(args, model, variant, rows):
+    """The row of (model, variant), measured once (or skipped, saying why); its budget
+    comes from ``rows``, the model's rows measured before it."""
+    plain = _plain(rows, model)
+    row = {"model": model, "variant": variant, "batch": _batch_size(args, model),
+           "replicas": args.replicas}
+    reason = _skip_reason(model, variant, plain)
+    if reason:
+        return dict(row, skipped=reason)
+    budget = _budget(args, variant, plain, rows)
+    if budget is not None:
+        row["budget"] = budget
+    _add_round(row, _run_child(args, model, variant, budget))
+    return row
 
 
 def _add_round(row, result):
