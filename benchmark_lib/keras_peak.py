@@ -12,7 +12,7 @@ then are sorted into kinds:
 - ``weight gradients``: outputs of backward ops read by the optimizer;
 - ``checkpoints``: forward tensors ome chose to keep (``plan.checkpoints``);
 - ``activations``: the other forward outputs (kept for backprop, or not yet freed);
-- ``recomputed``: outputs of ome's copies (``.../ome/recompute/...``);
+- ``recomputed``: outputs of ome's copies (named ``<original>-ome_recomputed``);
 - ``backward``: the other backward outputs (the gradient flow between layers);
 - ``optimizer``: outputs of the update ops (e.g. copy-on-write copies of a variable that a
   backward op still reads);
@@ -29,12 +29,20 @@ within the executor's scheduling; both are printed.
 import collections
 import re
 
+from ome.tf import standins
+
 __all__ = ["KINDS", "explain", "live_at_peak"]
 
 KINDS = ("weight gradients", "checkpoints", "activations", "recomputed", "backward",
          "optimizer", "scratch", "other", "new state")
 _MiB = float(1 << 20)
-_BACKWARD = re.compile(r"^(gradient_tape|gradients(_\d+)?)/")
+_BACKWARD_SCOPE = re.compile(r"^(gradient_tape|gradients(_\d+)?)/")
+
+
+def _backward(name):
+    """Whether op ``name`` is of the backward pass: under its scope, or one ome made in
+    place of a tensor (its copies, gates and swap-ins, named beside their originals)."""
+    return bool(_BACKWARD_SCOPE.match(name)) or standins.is_stand_in(name)
 
 
 def explain(model, x, y, *, checkpoints=(), top=12):
@@ -145,9 +153,9 @@ def _classifier(gradient_ops, checkpoint_ops):
             return "scratch"
         if node in gradient_ops:
             return "weight gradients"
-        if "/ome/recompute/" in node:
+        if standins.is_stand_in(node, "recomputed"):
             return "recomputed"
-        if _BACKWARD.match(node):
+        if _backward(node):
             return "backward"
         if node in checkpoint_ops:
             return "checkpoints"
@@ -191,10 +199,10 @@ def _step_graph(model, x, y):
             raise RuntimeError(f"captured resource {internal.op.name} is no known variable")
     gradient_ops = set()
     for op in graph.get_operations():
-        if not _BACKWARD.match(op.name) or "/ome/recompute/" in op.name:
+        if not _backward(op.name) or standins.is_stand_in(op.name, "recomputed"):
             continue
         for out in op.outputs:
-            if any(not _BACKWARD.match(c.name) for c in out.consumers()):
+            if any(not _backward(c.name) for c in out.consumers()):
                 gradient_ops.add(op.name)
     fetches = [t.name for t in tf.nest.flatten(concrete.structured_outputs)
                if isinstance(t, tf.Tensor)]

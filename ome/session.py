@@ -22,7 +22,7 @@ import tensorflow as tf
 from ome import errors, measured_calls
 from ome.core import sizes
 from ome.measured_steps import MeasuredSteps, swap_host
-from ome.tf import snapshot, tfprivate
+from ome.tf import snapshot, standins, tfprivate
 from ome.tf.measure import memory_stats, memory_stats_device
 from ome.tf.profile import gradient_updates
 
@@ -209,11 +209,10 @@ def _downstream(graph, grads, scope):
     """The ops that read ``grads`` (outside their backward pass under ``scope``) and the
     ops after them, in creation order: what a new build copies. Refuses, before anything
     is built, what a copy cannot stand for."""
-    backward = scope + "/"
     start = {t for g in grads for t in _components(g)}
-    frontier = [op for t in start for op in t.consumers() if not op.name.startswith(backward)]
+    frontier = [op for t in start for op in t.consumers() if not standins.in_scope(op, scope)]
     frontier += [op for t in start for op in tfprivate.control_outputs(t.op)
-                 if not op.name.startswith(backward)]
+                 if not standins.in_scope(op, scope)]
     seen = set(frontier)
     while frontier:
         op = frontier.pop()
@@ -231,7 +230,7 @@ def _downstream(graph, grads, scope):
                 "which ome.Session cannot build again for a new plan: give cost_model= "
                 "(ome.profile) instead")
         for parent in [t.op for t in op.inputs] + list(op.control_inputs):
-            if parent.name.startswith(backward) and parent not in gradient_ops:
+            if standins.in_scope(parent, scope) and parent not in gradient_ops:
                 raise errors.InvalidArgumentError(
                     f"op {op.name!r} reads {parent.name!r}, an op of the backward pass that "
                     "is not a gradient it returned: ome.Session cannot build it again for a "

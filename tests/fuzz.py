@@ -150,7 +150,7 @@ def figures(rows, seconds):
     graphs = len({seed for seed, _, _ in rows})
     lines = [f"- cases: {total} ({graphs} graphs x {total // max(graphs, 1)} settings), "
              f"{seconds:.0f} s",
-             f"- exact: {share(exact)}",
+             f"- exact (bit-equal to tf.gradients): {share(exact)}",
              f"- Grappler's miscompilation (ome agrees with tf.gradients with the "
              f"arithmetic optimizer off): "
              f"{share(sum(v.kind == 'grappler_miscompiled' for v in verdicts))}",

@@ -4,12 +4,14 @@
 :data:`SETTINGS` are the ome options every program is judged under; some name tensors or
 sizes of the program (:class:`Pick`, :class:`Budget`, :class:`PlannedBudget`) and are
 made concrete per program
-by :func:`options_for`. :func:`judge` builds one program in a fresh graph, builds both
-gradients, runs them in one ``session.run`` and returns a :class:`Verdict`.
+by :func:`options_for`. :func:`judge` builds one program twice, each in a fresh graph, one
+with ``tf.gradients`` and one with ``ome.gradients``, runs each in a session of its own
+and returns a :class:`Verdict`.
 
-Verdict kinds: ``exact``; ``refused`` (ome raised an :class:`ome.errors.OmeError` and left
+Verdict kinds: ``exact`` (bit-equal); ``refused`` (ome raised an :class:`ome.errors.OmeError` and left
 the graph as it was; it is *documented* when its message matches :data:`DOCUMENTED_LIMITS`
-for that setting, else a false refusal); and the failures ``wrong_value``, ``wrong_none``
+for that setting, else a false refusal); and the failures ``wrong_value`` (apart by more
+than :data:`TOLERANCE`), ``close`` (within it, not bit-equal), ``wrong_none``
 (ome's ``None`` gradients are not where ``tf.gradients`` has them), ``crash`` (any other
 exception, ``ome.errors.InternalError`` included, or a TensorFlow error at run time) and
 ``refusal_changed_graph`` (an OmeError after ops were added; README's documented
@@ -44,7 +46,8 @@ from tests.randomgraphs import TOLERANCE, Interior, tf_gradients_options
 HOST = "/device:CPU:1"
 RUN_TIMEOUT_MS = 60_000  # a deadlocked rewrite becomes a crash, not a hang
 
-FAILURES = ("wrong_value", "wrong_none", "crash", "refusal_changed_graph", "invalid_program")
+FAILURES = ("wrong_value", "close", "wrong_none", "crash", "refusal_changed_graph",
+            "invalid_program")
 
 
 class Pick:
@@ -305,19 +308,39 @@ def _none_difference(want, got):
     return "; ".join(parts)
 
 
-def _run_pairs(fetches, case, arithmetic_optimizer=True):
-    """The values of ``fetches`` in one run of a fresh session."""
-    init = tf.compat.v1.global_variables_initializer()
-    options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
-    with tf.compat.v1.Session(config=session_config(arithmetic_optimizer)) as session:
-        session.run(init)
-        return session.run(fetches, case.feed, options=options)
+@dataclass
+class _Built:
+    """A program built in a graph of its own, with the gradients of one side."""
+
+    graph: Any
+    case: Any
+    gradients: list
+
+    def values(self, arithmetic_optimizer=True):
+        """The gradients' values (None where there is none) in one run of a fresh
+        session."""
+        dense = [tf.convert_to_tensor(g) for g in self.gradients if g is not None]
+        with self.graph.as_default():
+            init = tf.compat.v1.global_variables_initializer()
+            options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
+            with tf.compat.v1.Session(config=session_config(arithmetic_optimizer)) as session:
+                session.run(init)
+                found = iter(session.run(dense, self.case.feed, options=options))
+        return [None if g is None else next(found) for g in self.gradients]
 
 
-def _mismatches(indices, values):
+def _same_bits(a, b):
+    """Whether arrays ``a`` and ``b`` hold the same bits (NaNs as NaNs)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+
+
+def _mismatches(want, got):
     """The xs whose two values differ by more than the tolerance, in words."""
     mismatches = []
-    for i, (w, g) in zip(indices, values):
+    for i, (w, g) in enumerate(zip(want, got)):
+        if w is None:
+            continue
         limit = TOLERANCE * max(1.0, float(np.abs(w).max()))
         difference = float(np.abs(w - g).max()) if np.all(np.isfinite(g)) else np.inf
         if difference > limit:
@@ -325,22 +348,24 @@ def _mismatches(indices, values):
     return mismatches
 
 
-def _compare(want, got, case):
-    """Run both gradients in one session.run (and, when they differ, again with Grappler's
-    arithmetic optimizer off); return (kind, message)."""
-    pairs = [(i, w, g) for i, (w, g) in enumerate(zip(want, got))
-             if w is not None and g is not None]
-    indices = [i for i, _, _ in pairs]
-    fetches = [(tf.convert_to_tensor(w), tf.convert_to_tensor(g)) for _, w, g in pairs]
-    values = _run_pairs(fetches, case)
-    for i, (w, _) in zip(indices, values):
-        if not np.all(np.isfinite(w)):
+def _compare(reference, built):
+    """Run each side in a session of its own (and, when they differ, again with
+    Grappler's arithmetic optimizer off); return (kind, message). Apart, because
+    Grappler merges the equal ops of two backward passes in one graph, and a sum then
+    reads addends of both, sorted by name into another order."""
+    want, got = reference.values(), built.values()
+    for i, w in enumerate(want):
+        if w is not None and not np.all(np.isfinite(w)):
             return "invalid_program", f"tf.gradients for xs[{i}] is not finite"
-    mismatches = _mismatches(indices, values)
+    mismatches = _mismatches(want, got)
     if not mismatches:
+        apart = [i for i, (w, g) in enumerate(zip(want, got))
+                 if w is not None and not _same_bits(w, g)]
+        if apart:
+            return "close", f"xs{apart} within the tolerance, not bit-equal"
         return "exact", ""
-    # the programs' inputs are seeded, so a second session sees the same values
-    if not _mismatches(indices, _run_pairs(fetches, case, arithmetic_optimizer=False)):
+    if not _mismatches(reference.values(arithmetic_optimizer=False),
+                       built.values(arithmetic_optimizer=False)):
         return "grappler_miscompiled", (
             "; ".join(mismatches) + "; with Grappler's arithmetic optimizer off "
             "tf.gradients and ome agree")
@@ -354,55 +379,67 @@ def plan_did(plan):
             (True, True): "both"}[(recomputes, swaps)]
 
 
-def _judge_in_graph(program, setting, graph):
-    """The (kind, message, reason, did) of ``program`` under ``setting``, built in
-    ``graph``."""
-    try:
+def _reference(program, setting):
+    """``program`` built in a graph of its own, with ``tf.gradients``."""
+    graph = tf.Graph()
+    with graph.as_default():
         case = program.build()
         options = case.bind(options_for(program, setting))
         want = tf.gradients(case.ys, case.xs, case.grad_ys, **tf_gradients_options(options))
-    except Exception:  # pylint: disable=broad-except
-        return ("invalid_program", "build or tf.gradients raised\n" + traceback.format_exc(),
-                None, "")
-    ops_before = len(graph.get_operations())
-    try:
-        got, (plan, _) = ome.gradients(case.ys, case.xs, case.grad_ys, return_info=True,
-                                       **options)
-    except OmeError as err:
-        if isinstance(err, InternalError):
+    return _Built(graph, case, want)
+
+
+def _judge_against(reference, program, setting):
+    """The (kind, message, reason, did) of ``program`` under ``setting``, built in a
+    graph of its own, against ``reference``."""
+    graph = tf.Graph()
+    with graph.as_default():
+        case = program.build()
+        options = case.bind(options_for(program, setting))
+        ops_before = len(graph.get_operations())
+        try:
+            got, (plan, _) = ome.gradients(case.ys, case.xs, case.grad_ys, return_info=True,
+                                           **options)
+        except OmeError as err:
+            if isinstance(err, InternalError):
+                return "crash", traceback.format_exc(), None, ""
+            message = _error_text(err)
+            reason = documented_reason(setting, message)
+            if len(graph.get_operations()) != ops_before:
+                # documented (README, Limits): a graph with a gradient function of its own
+                # cannot be copied to plan on, so its refusals come after the backward
+                # pass was built
+                why = program.uncopyable()
+                if reason is None or not why:
+                    return "refusal_changed_graph", message, None, ""
+                reason += f", after the backward pass ({why})"
+            return "refused", message, reason, ""
+        except Exception:  # pylint: disable=broad-except
             return "crash", traceback.format_exc(), None, ""
-        message = _error_text(err)
-        reason = documented_reason(setting, message)
-        if len(graph.get_operations()) != ops_before:
-            # documented (README, Limits): a graph with a gradient function of its own
-            # cannot be copied to plan on, so its refusals come after the backward pass
-            # was built
-            why = program.uncopyable()
-            if reason is None or not why:
-                return "refusal_changed_graph", message, None, ""
-            reason += f", after the backward pass ({why})"
-        return "refused", message, reason, ""
-    except Exception:  # pylint: disable=broad-except
-        return "crash", traceback.format_exc(), None, ""
     did = plan_did(plan)
-    if _none_pattern(got) != _none_pattern(want):
-        return "wrong_none", _none_difference(want, got), None, did
+    if _none_pattern(got) != _none_pattern(reference.gradients):
+        return "wrong_none", _none_difference(reference.gradients, got), None, did
     try:
-        kind, message = _compare(want, got, case)
+        kind, message = _compare(reference, _Built(graph, case, got))
     except Exception as err:  # pylint: disable=broad-except
         return "crash", "at run time: " + _error_text(err), None, did
     return kind, message, None, did
 
 
 def judge(program, setting):
-    """Build ``program`` in a fresh graph and judge ``ome.gradients`` under ``setting``."""
+    """Build ``program`` twice, each in a fresh graph, and judge ``ome.gradients`` under
+    ``setting`` against ``tf.gradients``."""
     start = time.perf_counter()
-    graph = tf.Graph()
     if setting.control_flow_v1:
         tf.compat.v1.disable_control_flow_v2()
     try:
-        with graph.as_default():
-            kind, message, reason, did = _judge_in_graph(program, setting, graph)
+        try:
+            reference = _reference(program, setting)
+        except Exception:  # pylint: disable=broad-except
+            kind, message, reason, did = ("invalid_program", "build or tf.gradients raised\n"
+                                          + traceback.format_exc(), None, "")
+        else:
+            kind, message, reason, did = _judge_against(reference, program, setting)
     finally:
         tf.compat.v1.enable_control_flow_v2()
     return Verdict(kind, setting.name, message, reason, time.perf_counter() - start, did)

@@ -16,6 +16,7 @@ products of activations) are only drawn for inputs of small magnitude.
 """
 import math
 import random
+import textwrap
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,7 +26,8 @@ import tensorflow as tf
 
 from tests.graphs import Case
 
-# A gradient matches when max |ome - tf| <= TOLERANCE * max(1, max |tf|).
+# ome's gradients are bit-equal to tf.gradients'; a difference above TOLERANCE * max(1,
+# max |tf|) is a wrong value, one within it a close one (tests/fuzzing.py).
 TOLERANCE = 1e-4
 
 # Sizes: activations of a few KB to ~128 KB, mostly larger than the weights that make them
@@ -252,10 +254,9 @@ class Program:
         head = SCRIPT_HEAD.format(description=self.describe())
         if control_flow_v1:
             head += "tf.compat.v1.disable_control_flow_v2()  # TF1 conds and loops\n"
-        return (head + HELPERS + "\n\nfeed = {}\n"
-                + self.source() + SCRIPT_CHECK.format(
-                    call=call(options), tf_call=call(tf_gradients_options(options)),
-                    tolerance=TOLERANCE))
+        return head + HELPERS + SCRIPT_BUILD.format(
+            source=textwrap.indent(self.source(), " " * 8), call=call(options),
+            tf_call=call(tf_gradients_options(options)))
 
 
 # ome.gradients options that are tf.gradients' own: a judge passes them to both.
@@ -272,7 +273,9 @@ SCRIPT_HEAD = '''"""Replay of a random graph program ({description}).
 
 Run it with the ome under test importable (pip install -e . or PYTHONPATH=<repository>):
     python this_file.py
-It prints EXACT and exits 0 when ome.gradients equals tf.gradients, else DIFFERENT and 1.
+It prints EXACT and exits 0 when ome.gradients equals tf.gradients bit for bit, else
+DIFFERENT and 1. Each side builds the program in a graph of its own: in one graph,
+Grappler merges the equal ops of the two backward passes.
 """
 import numpy as np
 import tensorflow as tf
@@ -284,24 +287,39 @@ tf.compat.v1.disable_eager_execution()
 
 '''
 
-SCRIPT_CHECK = '''
-want = tf.gradients(ys, xs, grad_ys{tf_call})
-got = ome.gradients(ys, xs, grad_ys{call})
-same_none = [g is None for g in got] == [w is None for w in want]
+SCRIPT_BUILD = '''
+
+def gradients(side):
+    """The program's gradients by ``side`` ("tf" or "ome"), built in a graph of its
+    own; their values, None where there is none."""
+    graph = tf.Graph()
+    with graph.as_default():
+        feed = {{}}
+{source}
+        if side == "tf":
+            found = tf.gradients(ys, xs, grad_ys{tf_call})
+        else:
+            found = ome.gradients(ys, xs, grad_ys{call})
+        dense = [tf.convert_to_tensor(g) for g in found if g is not None]
+        init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={{"CPU": 2}})) \\
+                as session:
+            session.run(init)
+            values = iter(session.run(dense, feed))
+    return [None if g is None else next(values) for g in found]
+
+
+want, got = gradients("tf"), gradients("ome")
+exact = [g is None for g in got] == [w is None for w in want]
 print("tf.gradients None at", [i for i, w in enumerate(want) if w is None],
       "/ ome None at", [i for i, g in enumerate(got) if g is None])
-pairs = [(i, w, g) for i, (w, g) in enumerate(zip(want, got)) if w is not None and g is not None]
-dense = [(tf.convert_to_tensor(w), tf.convert_to_tensor(g)) for _, w, g in pairs]
-init = tf.compat.v1.global_variables_initializer()
-with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={{"CPU": 2}})) as session:
-    session.run(init)
-    values = session.run(dense, feed)  # one run: stateful random ops draw once for both
-exact = same_none
-for (i, _, _), (w, g) in zip(pairs, values):
-    limit = {tolerance} * max(1.0, float(np.abs(w).max()))
-    difference = float(np.abs(w - g).max())
-    exact = exact and difference <= limit
-    print(f"xs[{{i}}]: max abs difference {{difference:.3g}} (limit {{limit:.3g}})")
+for i, (w, g) in enumerate(zip(want, got)):
+    if w is None or g is None:
+        continue
+    same = w.shape == g.shape and np.array_equal(w, g, equal_nan=True)
+    exact = exact and same
+    print(f"xs[{{i}}]: " + ("bit-equal" if same else
+                          f"max abs difference {{float(np.abs(w - g).max()):.3g}}"))
 print("EXACT" if exact else "DIFFERENT")
 raise SystemExit(0 if exact else 1)
 '''

@@ -303,10 +303,11 @@ def events(view, sched, reads):
 
 
 # Sums and products Grappler's arithmetic optimizer regroups across their operands'
-# producers, in backprop and in the copies: a wait on an operand or an inner sum or
-# product would change the grouping, and the result's last bits (a recomputed residual
-# block's output, amplified by batch norm; the products of a GELU).
-REGROUPED_OPS = frozenset({"AddN", "Add", "AddV2", "Mul"})
+# producers, in backprop and in the copies, and powers, which it turns into products
+# (``x**3`` into ``x * Square(x)``): a wait on an operand or an inner node, or one for an
+# inner node, would change the grouping, and the result's last bits (a recomputed
+# residual block's output, amplified by batch norm; the products of a GELU).
+REGROUPED_OPS = frozenset({"AddN", "Add", "AddV2", "Mul", "Pow"})
 
 
 def enforced_order(view, sched, reads):
@@ -469,12 +470,36 @@ def _triggers(view, name, levels):
     feeding ``name`` (less those that may not run, :attr:`GraphView.maybe_dead`); and the
     producers of ys when those wait for no forward op (the gradient then starts from
     constants, and the forward pass must end first)."""
-    seeds = set(view.seeds)
-    found = {p for p in _parents(view, name) if (p in view.main or p in seeds)
-             and p not in view.maybe_dead}
+    found = _flow_parents(view, name)
     if all(levels[p][0] < 0 for p in found):  # also when none is left: ys always run
         found |= {view.tensors[y].op for y in view.ys}
-    return tuple(sorted(found))
+    return tuple(sorted(_unregrouped(view, found)))
+
+
+def _flow_parents(view, name):
+    """The ops of the gradient flow (main or seeds) feeding op ``name`` that always run."""
+    return {p for p in _parents(view, name) if (p in view.main or p in view.seeds)
+            and p not in view.maybe_dead}
+
+
+def _unregrouped(view, ops):
+    """``ops``, each sum or product (:data:`REGROUPED_OPS`) replaced by the nearest ops of
+    the gradient flow feeding it that are none (kept where none feeds it): they run before
+    it. An op ome makes wait never waits for a sum or a product, since Grappler's
+    arithmetic optimizer does not regroup a tree whose inner node has a control output,
+    and the gradient's last bits would differ from ``tf.gradients``'s."""
+    found, stack, seen = set(), list(ops), set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parents = _flow_parents(view, name) if view.ops[name].type in REGROUPED_OPS else ()
+        if parents:
+            stack.extend(parents)
+        else:
+            found.add(name)
+    return found
 
 
 def _early_targets(view):
@@ -626,19 +651,18 @@ def _ahead(view, triggers, hops):
         parents = set()
         for op in frontier:
             if op in view.main:
-                parents.update(p for p in _parents(view, op)
-                               if (p in view.main or p in view.seeds)
-                               and p not in view.maybe_dead)
+                parents.update(_flow_parents(view, op))
         if not parents:
             break
-        frontier = parents
+        frontier = _unregrouped(view, parents)
     return tuple(sorted(frontier))
 
 
 def variable_reads(view):
     """``{variable: the tensors holding its value}``: a reference variable's own output,
     or a resource variable's ``ReadVariableOp`` outputs (which share the variable's buffer
-    until an update writes it)."""
+    until an update writes it). Fed inputs and constants, which no update writes, are
+    none."""
     reads = {}
     for x in view.xs:
         info = view.tensors.get(x)
@@ -648,9 +672,12 @@ def variable_reads(view):
             # a resource variable's handle (a placeholder when captured by a tf.function)
             reads[x] = [t for c in view.consumers[x] if view.ops[c].type == "ReadVariableOp"
                         for t in view.ops[c].outputs]
-        else:
+        elif view.ops[info.op].type not in _UNWRITTEN_OPS:
             reads[x] = [x]
     return reads
+
+
+_UNWRITTEN_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const"})
 
 
 def gradient_holds(view, sched):

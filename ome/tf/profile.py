@@ -22,7 +22,7 @@ import time
 
 import tensorflow as tf
 
-from ome.tf import host, tfprivate
+from ome.tf import host, standins, tfprivate
 from ome.core.costs import CostModel
 from ome.errors import InvalidArgumentError, InvalidTypeError
 from ome.tf.measure import (check_count, memory_stats, memory_stats_device, run_step,
@@ -390,8 +390,7 @@ def gradient_updates(graph, fetches, scope="gradients", grads=None):
     global norm or a control dependency on the backward pass holds them all to the end
     of the step (None), as does a step with no backward pass.
     """
-    prefix = scope + "/"
-    backward = {op for op in graph.get_operations() if op.name.startswith(prefix)}
+    backward = {op for op in graph.get_operations() if standins.in_scope(op, scope)}
     if grads is None:
         grads = {t for op in backward for t in op.outputs
                  if t.consumers() and not any(r in backward for r in t.consumers())}
@@ -435,7 +434,8 @@ def _update_delays(run_metadata, updates, scope="gradients"):
 def _delays(start, end, updates, scope):
     """``{gradient producer: backward ops started between its end and its last reader's
     start}``, from each op's ``start`` and ``end`` times (by op name)."""
-    backward_starts = sorted(t for name, t in start.items() if name.startswith(scope + "/"))
+    backward_starts = sorted(t for name, t in start.items()
+                             if name.startswith(scope + "/") or standins.is_stand_in(name))
     delays = {}
     for producer, readers in updates.items():
         ran = [start[r] for r in readers if r in start]

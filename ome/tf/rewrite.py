@@ -17,7 +17,7 @@ import networkx as nx
 import tensorflow as tf
 
 from ome import errors
-from ome.tf import capture, host, tfprivate, xla as xla_mod
+from ome.tf import capture, host, standins, tfprivate, xla as xla_mod
 from ome.core import schedule as schedule_mod
 from ome.core.graphview import GraphView
 from ome.core.schedule import Decision
@@ -152,10 +152,11 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
         if tensor not in swapped_out:
             make_swap_out(tensor)
         device = graph.get_tensor_by_name(tensor).op.device or host.accelerator_device()
+        triggers = [ops[t] for t in swaps[tensor].triggers]
         with tf.name_scope("swap"):
-            swapped_in[tensor] = swap_in(swapped_out[tensor], device,
-                                         [ops[t] for t in swaps[tensor].triggers],
-                                         emulated=emulated)
+            swapped_in[tensor] = standins.beside(
+                tensor.rpartition(":")[0], "swapped_in", lambda name: swap_in(
+                    swapped_out[tensor], device, triggers, emulated=emulated, name=name))
         info.event_ops[swapped_in[tensor].op.name] = ("swap_in", tensor)
 
     # Swaps made in the order they run (the replay's): inside tf.function, TensorFlow chains
@@ -204,7 +205,7 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
 
 def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
     """Make each event of :func:`ome.core.schedule.enforced_order` wait for the one before it,
-    unless it reads it already, and each pair of ``Schedule.side_by_side`` both wait for
+    unless it reads it already (:func:`_reads_from`), and each pair of ``Schedule.side_by_side`` both wait for
     the event before the pair and the next event for both; returns how many were made to
     wait. An op waits through an identity of its first input that can wait
     (:func:`_gated`), a swap-in (ome's own op) through a control input. The pairs
@@ -231,6 +232,9 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
         else:
             steps.append([unit])
     swap_ins = {t.op for t in swapped_in.values()}
+    # where a search for what an op reads stops: chained ops, and the forward pass (which
+    # reads nothing the chain makes)
+    bounds = set(chain) | {graph.get_operation_by_name(name) for name in view.forward}
     waited, relays = 0, {}
     for before, step in zip(steps, steps[1:]):
         # a unit's ends: what no op of its unit reads
@@ -238,7 +242,7 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
                 if not any(t.op is b for other in unit for t in other.inputs)]
         for op in (unit[0] for unit in step):
             waits = [relays.setdefault(b, _relayed(b)) if merged else b for b, merged in ends
-                     if b not in op.control_inputs and not any(t.op is b for t in op.inputs)]
+                     if b not in op.control_inputs and not _reads_from(op, b, bounds)]
             if not waits:
                 continue
             if op in swap_ins:
@@ -247,10 +251,28 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
                 tied = _tied_after(op.inputs, waits, op.name) if xla else None
                 if tied is None:
                     i = next(i for i, t in enumerate(op.inputs) if _can_wait(t))
-                    tied = i, _gated(op.inputs[i], waits, op.name)
+                    tied = i, _gated(op.inputs[i], waits)
                 tfprivate.update_input(op, *tied)
             waited += 1
     return waited
+
+
+def _reads_from(op, source, bounds):
+    """Whether ``op`` reads an output of ``source``, directly or through ops the chain
+    leaves free (sums, products, the arithmetic between chained ops), not searching past
+    ``bounds``: it then runs after ``source`` already, and a gate would only stand between
+    ops Grappler rewrites together (oneDNN merges a recomputed SiLU's sigmoid, reading
+    ``beta * x``, with the product reading ``x``; gated, it does not)."""
+    stack, seen = [t.op for t in op.inputs], set()
+    while stack:
+        parent = stack.pop()
+        if parent is source:
+            return True
+        if parent in seen or parent in bounds:
+            continue
+        seen.add(parent)
+        stack.extend(t.op for t in parent.inputs)
+    return False
 
 
 def _relayed(op):
@@ -356,7 +378,7 @@ def _keep_apart(graph):
     order = {name: i for i, name in enumerate(nx.topological_sort(deps))}
     for op, i, partner in pairs:
         if joined_apart(deps, order, op.name, partner.name):
-            tfprivate.update_input(op, i, _gated(op.inputs[i], [], op.name))
+            tfprivate.update_input(op, i, _gated(op.inputs[i], []))
 
 
 def dependencies(graph):
@@ -411,7 +433,7 @@ def _wait_for(op, waited):
     """Make existing ``op`` (a fence or a deferred backward op: it reads a tensor made in
     the step) run after the ops ``waited``, its first input passed through
     :func:`_gated`."""
-    tfprivate.update_input(op, 0, _gated(op.inputs[0], waited, op.name))
+    tfprivate.update_input(op, 0, _gated(op.inputs[0], waited))
 
 
 _MATERIALIZED = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
@@ -434,14 +456,16 @@ def _tied_after(inputs, waited, name):
     return i, xla_mod.tied(inputs[i], sources, name=name + "_ordered")
 
 
-def _gated(tensor, waited, name):
-    """``tensor`` through an identity that runs after the ops ``waited``. The rewrite makes
-    a compute op wait this way, not with control inputs of its own: Grappler's arithmetic
-    optimizer rewrites ``Pow(x, 3)`` into ``x * Square(x)`` by copying the node's inputs
-    and dropping the last, which is a control input if there is one, and a graph it breaks
-    that way loses every Grappler optimization (TensorFlow runs the unoptimized graph)."""
+def _gated(tensor, waited):
+    """``tensor`` through an identity that runs after the ops ``waited``, named beside
+    ``tensor``'s producer (:mod:`ome.tf.standins`). The rewrite makes a compute op wait
+    this way, not with control inputs of its own: Grappler's arithmetic optimizer rewrites
+    ``Pow(x, 3)`` into ``x * Square(x)`` by copying the node's inputs and dropping the
+    last, which is a control input if there is one, and a graph it breaks that way loses
+    every Grappler optimization (TensorFlow runs the unoptimized graph)."""
     with tf.device(tensor.device), tf.control_dependencies(waited):
-        gate = tf.identity(tensor, name=name + "_gate")
+        gate = standins.beside(tensor.op.name, "gate",
+                               lambda name: tf.identity(tensor, name=name))
     tfprivate.protect_from_grappler(gate.op)
     return gate
 
@@ -471,9 +495,9 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
             if ties is not None:
                 inputs = ties.inputs(group, inputs, name)
             elif first:  # a recomputable op has inputs
-                inputs[0] = _gated(inputs[0], [ops[t] for t in group.triggers + group.waits],
-                                   name)
-            copy = tfprivate.copy_op(original, inputs, name)
+                inputs[0] = _gated(inputs[0], [ops[t] for t in group.triggers + group.waits])
+            copy = standins.beside(name, "recomputed",
+                                   lambda n: tfprivate.copy_op(original, inputs, n))
             copies.update(zip((t.name for t in original.outputs), copy.outputs))
             if ties is not None:
                 ties.copied(original, copy)
@@ -560,5 +584,6 @@ def _hold_gradients(graph, sched, ops, copies):
             waits = [copies[ops[op].outputs[0].name].op if op in copied else ops[op]
                      for op in waited]
             with tf.device(grad.device), tf.control_dependencies(waits):
-                held[g] = tf.identity(grad, name="gradient")
+                held[g] = standins.beside(grad.op.name, "held",
+                                          lambda name: tf.identity(grad, name=name))
     return held

@@ -128,6 +128,17 @@ def onednn_enabled():
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
+def set_string_attr(op, key, value):
+    """Set string attribute ``key`` of ``op`` (a private one: its name starts with ``_``)."""
+    op._set_attr(key, tf.compat.v1.AttrValue(s=value.encode()))  # pylint: disable=protected-access
+
+
+def string_attr(op, key):
+    """String attribute ``key`` of ``op``, or ``""`` if it has none."""
+    value = op.node_def.attr.get(key)
+    return value.s.decode() if value is not None else ""
+
+
 def protect_from_grappler(op):
     """Keep Grappler's dependency optimizer from removing an identity-like op."""
     op._set_attr("_grappler_do_not_remove",  # pylint: disable=protected-access

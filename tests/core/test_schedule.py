@@ -779,3 +779,30 @@ def test_a_chained_kernel_takes_its_scratch_alone_and_one_the_executor_runs_besi
     assert CostModel.from_json(model.to_json()) == model
     assert CostModel(temporaries_alone={"gradients/g_b": 1}).in_scope(
         "ome_gradients").temporaries_alone == {"ome_gradients/g_b": 1}
+
+
+def test_nothing_waits_for_a_sum_or_a_product():
+    """A copy's triggers stand behind the products and sums before its reader: Grappler's
+    arithmetic optimizer does not regroup a product tree whose inner node something waits
+    for, and the gradient's last bits would differ from tf.gradients'."""
+    view = chain()
+    forward = [(name, view.ops[name].type, list(view.ops[name].inputs), 1)
+               for name in view.forward]
+    backward = [("g_y", "Fill", [], 1), ("g_c", "TanhGrad", ["c:0", "g_y:0"], 1),
+                ("k", "Const", [], 1), ("m", "Mul", ["g_c:0", "k:0"], 1),
+                ("s", "AddV2", ["m:0", "m:0"], 1), ("g_b", "TanhGrad", ["b:0", "s:0"], 1),
+                ("g_a", "TanhGrad", ["a:0", "g_b:0"], 1)]
+    view = build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=["g_a:0"],
+                      sizes={"y:0": 4, "g_y:0": 4}, persistent=["x:0"])
+    plan = plan_of(view, {"b:0": Decision.RECOMPUTE})
+    (group,) = plan.schedule.groups
+    assert group.triggers == ("g_c",)
+    assert simulate.simulate(view, plan).recompute_flops == 1.0
+
+
+def test_fed_inputs_and_constants_are_no_variables_to_hold():
+    """Only variables' gradients are held for their reads (an update may write them): a
+    held gradient is an identity, and a fetched sum behind one is regrouped by Grappler
+    where tf.gradients' fetched sum is not."""
+    assert schedule.variable_reads(layer(read_variable=True)) == {"w:0": ["r:0"]}
+    assert schedule.variable_reads(chain()) == {}

@@ -7,7 +7,7 @@ import tensorflow as tf
 import ome
 from ome import errors
 from ome.policies import select
-from ome.tf import rewrite
+from ome.tf import rewrite, standins
 from tests import graphs, randomgraphs
 
 MODES = ["auto", "memory", "speed", "collection", "list"]
@@ -185,12 +185,12 @@ def test_copies_stay_on_their_original_device(graph):
     grads, (chosen, info) = ome.gradients(loss, [x], return_info=True)
     assert info.copied_ops > 0
     originals = {op.name: op.device for op in graph.get_operations() if op.type == "Tanh"
-                 and "/ome/recompute/" not in op.name}
+                 and not standins.is_stand_in(op.name)}
     copies = [op for op in graph.get_operations() if op.type == "Tanh"
-              and "/ome/recompute/" in op.name]
+              and standins.is_stand_in(op.name, "recomputed")]
     assert copies
     for op in copies:
-        original = op.name.split("/")[-1]
+        original = op.name.partition(standins.MARK)[0]
         assert op.device == originals[original], op.name
     with tf.compat.v1.Session() as sess:
         assert_same(sess.run(grads, feed), sess.run(tf.gradients(loss, [x]), feed))
@@ -226,7 +226,8 @@ def test_a_previewed_plan_applies_as_saved_and_refuses_another_step():
     with tf.Graph().as_default() as graph:
         case = graphs.residual_chain(blocks=10)
         grads = ome.apply_plan(saved, case.ys, case.xs)
-        copies = [op for op in graph.get_operations() if "/ome/" in op.name]
+        copies = [op for op in graph.get_operations()
+                  if standins.is_stand_in(op.name, "recomputed")]
         assert copies, "apply_plan built no recomputed copy"
         assert_same(*run_both(case, grads))
     with tf.Graph().as_default() as graph:
@@ -294,7 +295,7 @@ def test_held_gradients_wait_for_their_weights_backward_reads(graph, hold):
     readers = {g: {c for r in x.handle.consumers() if r.type == "ReadVariableOp"
                    for c in r.outputs[0].consumers() if c.name.startswith("gradients/")}
                for g, x in zip(grads, case.xs)}
-    held = [g for g in grads if g.op.type == "Identity" and "/ome/hold/" in g.op.name]
+    held = [g for g in grads if g.op.type == "Identity" and standins.is_stand_in(g.op.name, "held")]
     # held gradients make the order taking each weight's gradient first safe
     assert plan.schedule.leaves_first == hold
     if not hold:
@@ -304,7 +305,7 @@ def test_held_gradients_wait_for_their_weights_backward_reads(graph, hold):
     # (tf.gradients builds it for the first layer too), and by the copy of its forward
     # MatMul where that is recomputed.
     assert len(held) == len(plan.schedule.holds) == 4
-    assert any(c.name.startswith("gradients/ome/recompute/") for g in held
+    assert any(standins.is_stand_in(c.name, "recomputed") for g in held
                for c in g.op.control_inputs)
     for g in held:
         assert readers[g] and readers[g] <= set(g.op.control_inputs)
@@ -331,8 +332,9 @@ def test_recomputed_groups_wait_for_the_weight_gradients_replayed_before_them(gr
     for name in waits:  # tf.gradients' MatMul for the weight's gradient: x^T dy
         assert name.endswith("_grad/MatMul_1") and graph.get_operation_by_name(name).type \
             == "MatMul"
-    copies = [op for op in graph.get_operations() if "/ome/recompute/" in op.name]
-    waited = {c.name for op in copies for c in op.control_inputs}
+    # a group's first copies wait through gates (identities of their inputs)
+    gates = [op for op in graph.get_operations() if standins.is_stand_in(op.name, "gate")]
+    waited = {c.name for op in gates for c in op.control_inputs}
     assert set(waits) <= waited
     got, want = run_both(case, grads)
     assert_same(got, want)
@@ -355,7 +357,7 @@ def test_the_rewrite_runs_backprop_in_the_order_the_simulator_replays(graph):
     def matmuls(scope):
         return [op.name for op in graph.get_operations()
                 if op.type == "MatMul" and op.name.startswith(scope + "/")
-                and "_grad/" in op.name and "/ome/" not in op.name]
+                and "_grad/" in op.name and not standins.is_stand_in(op.name)]
 
     def unordered(names):
         return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import ome
-from ome.tf import tfprivate
+from ome.tf import standins, tfprivate
 
 LAYERS, WIDTH, BATCH = 12, 64, 256
 # Float32 rounding: ome's backward ops are tf.gradients' own and its copies rerun the same
@@ -40,8 +40,8 @@ def close(got, want, what):
 
 def recomputed_copies(graph, scope):
     """Forward ops ome copied into ``scope``'s backward pass (its recomputation)."""
-    return [op for op in graph.get_operations()
-            if "/ome/" in op.name and op.name.startswith(scope) and op.type == "Tanh"]
+    return [op for op in graph.get_operations() if op.type == "Tanh"
+            and standins.is_stand_in(op.name, "recomputed") and standins.in_scope(op, scope)]
 
 
 def patch_first():
