@@ -689,13 +689,18 @@ def gradient_holds(view, sched):
     of a recomputed conv reads its weight late) must copy the variable first
     (copy-on-write), and the old value stays until that read ends: holding the gradient
     until then keeps that copy out of the peak.
+
+    Not held: a gradient that is a sum or a product (:data:`REGROUPED_OPS`, a shared
+    weight's). Held, it is an identity of one, and Grappler regroups a sum or product
+    read by an identity where it leaves alone one the user fetches: its value would
+    differ from ``tf.gradients``' in the last bits.
     """
     copied = set(sched.copied_ops)
     backward = set(view.backward)
     reads = variable_reads(view)
     holds = []
     for x, g in zip(view.xs, view.grads):
-        if g is None:
+        if g is None or view.ops[view.tensors[g].op].type in REGROUPED_OPS:
             continue
         readers = set()
         for r in reads.get(x, ()):

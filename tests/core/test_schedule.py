@@ -476,20 +476,21 @@ def test_gradients_freed_by_their_updates_leave_the_peak():
         CostModel(gradient_lifetime="epoch")
 
 
-def resource_variables(weight_gradient_first=True, a_bytes=MiB):
+def resource_variables(weight_gradient_first=True, a_bytes=MiB, weight_gradient="MatMul"):
     """``y = sum((x @ r1) @ r2)`` with resource variables w1, w2 read by ``r1``, ``r2``.
 
     w2 (and its read and gradient) is 4 MiB, ``g_a`` 3 MiB and ``a`` ``a_bytes``.
-    Backprop makes ``g_w2`` before ``g_a`` reads r2 (``weight_gradient_first``; else
-    ``tf.gradients`` lists ``g_a`` first), so an update of w2 that runs at once finds its
-    old value still to be read.
+    Backprop makes ``g_w2`` (a ``weight_gradient`` op) before ``g_a`` reads r2
+    (``weight_gradient_first``; else ``tf.gradients`` lists ``g_a`` first), so an update
+    of w2 that runs at once finds its old value still to be read.
     """
     no = {"recomputable": False}
     forward = [("x", "Placeholder", [], 1), ("w1", "VarHandleOp", [], 1),
                ("w2", "VarHandleOp", [], 1), ("r1", "ReadVariableOp", ["w1:0"], 1, no),
                ("r2", "ReadVariableOp", ["w2:0"], 1, no), ("a", "MatMul", ["x:0", "r1:0"], 1),
                ("b", "MatMul", ["a:0", "r2:0"], 1), ("y", "Sum", ["b:0"], 1)]
-    weight, data = ("g_w2", "MatMul", ["a:0", "g_b:0"], 1), ("g_a", "MatMul", ["g_b:0", "r2:0"], 1)
+    weight = ("g_w2", weight_gradient, ["a:0", "g_b:0"], 1)
+    data = ("g_a", "MatMul", ["g_b:0", "r2:0"], 1)
     backward = [("g_y", "Fill", ["y:0"], 1), ("g_b", "BroadcastTo", ["g_y:0"], 1),
                 *((weight, data) if weight_gradient_first else (data, weight)),
                 ("g_w1", "MatMul", ["x:0", "g_a:0"], 1)]
@@ -546,6 +547,12 @@ def test_a_held_gradient_waits_for_its_variables_backward_reads():
     model = CostModel(gradient_lifetime="update", update_copies={"g_w2": 100 * MiB})
     prediction = simulate.simulate(view, held, model)
     assert prediction.device_peak == 8 * MiB and prediction.peak_at == "g_a"
+
+
+def test_a_gradient_that_is_a_sum_or_a_product_is_not_held():
+    # an identity of a sum is regrouped by Grappler, a sum the user fetches is not
+    view = resource_variables(weight_gradient="AddN")
+    assert schedule.gradient_holds(view, plan_of(view, {}).schedule) == ()
 
 
 def test_held_gradients_run_the_weights_gradients_first():

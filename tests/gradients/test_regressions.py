@@ -257,3 +257,17 @@ def test_recomputed_silu_keeps_onednns_merged_kernel(graph):
     y = tf.reduce_sum(tf.tanh(tf.matmul(h, xs[1])))
     _, info = compare([y], xs, {}, checkpoints=[])
     assert info.copied_ops >= 4
+
+
+def test_a_shared_weights_fetched_gradient_is_not_held(graph):
+    # A weight read twice has a sum for its gradient. Held (an identity of the sum, waiting
+    # for the weight's backward reads), it was regrouped by Grappler with the sum inside
+    # it, where a sum the user fetches is left alone: 1 ulp from tf.gradients.
+    x = tf.constant(RNG.rand(64, 32).astype(np.float32))
+    w = tf.compat.v1.get_variable("w", initializer=0.2 * RNG.randn(32, 32).astype(
+        np.float32), use_resource=True)
+    v = tf.identity(w)
+    h = tf.tanh(tf.matmul(tf.tanh(tf.matmul(x, v)), v))
+    y = tf.reduce_sum(tf.tanh(tf.matmul(h, w))) + tf.reduce_sum(tf.square(v))
+    plan, info = compare([y], [w], {}, checkpoints=[])
+    assert info.copied_ops >= 6 and not plan.schedule.holds
