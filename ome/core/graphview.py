@@ -44,6 +44,9 @@ class TensorInfo:
     bytes: Optional[int]
     is_float: bool = True
     persistent: bool = False  # aliases memory that outlives the step (variables, feeds)
+    # passed inside a kernel TensorFlow merges from its producer and its one reader (a
+    # MatMul's output read by its BiasAdd): a second reader would split the kernel
+    merged: bool = False
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,8 @@ def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=N
     ``estimates`` and ``solver``: as the plan's fields.
     ``leaves_first``: the schedule's backward order (:func:`ome.core.schedule.build`).
     """
+    decisions, moved = schedule_mod.whole_merges(view, decisions)
+    checkpoints = tuple(dict.fromkeys(moved.get(t, t) for t in checkpoints))
     built = schedule_mod.build(view, decisions, swap_ahead=swap_ahead,
                                leaves_first=leaves_first)
     if built.swaps and host_device is None:

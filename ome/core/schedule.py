@@ -381,9 +381,37 @@ def chained_op(view, name, *, copy=False):
     that it runs alone rather than beside other kernels."""
     op = view.ops[name]
     if op.type in REGROUPED_OPS or not copy and (
-            name not in view.main or not op.reroutable or name in view.maybe_dead):
+            name not in view.main or not op.reroutable or name in view.maybe_dead
+            or name in foldable_ops(view)):
         return False
     return any(can_wait(view, t) for t in op.inputs)
+
+
+# Ops Grappler folds into a constant: their value follows from constants and static shapes.
+_CONSTANT_OPS = frozenset({"Const", "HostConst"})
+_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def foldable_ops(view):
+    """Backward ops whose values Grappler computes before the step runs (constants, the
+    shapes of tensors of static shape, and what is computed from those alone: the
+    gradient of a plain sum's seed and its slices). A wait would keep Grappler from
+    folding them, and a sum of them from folding its constant addends into one, which
+    then rounds apart from ``tf.gradients``'."""
+    def compute():
+        found = set()
+        for name in view.backward:
+            op = view.ops[name]
+            if op.type in _CONSTANT_OPS or op.type in _SHAPE_OPS and all(
+                    view.tensors[t].shape is not None and None not in view.tensors[t].shape
+                    for t in op.inputs):
+                found.add(name)
+            elif op.inputs and "Random" not in op.type and all(
+                    view.tensors[t].op in found for t in op.inputs):
+                found.add(name)
+        return frozenset(found)
+
+    return view.derived(("foldable",), compute)
 
 
 def can_wait(view, tensor):
@@ -572,6 +600,41 @@ def build(view, decisions: Mapping[str, Decision], *, swap_ahead=1, leaves_first
     reroutes = tuple((r, t) for t in replaced for r in view.value_readers(t))
     return Schedule(groups=tuple(groups), swaps=tuple(swaps), deferred=tuple(deferred),
                     reroutes=reroutes, swap_ahead=swap_ahead, leaves_first=leaves_first)
+
+
+def whole_merges(view, decisions):
+    """``(decisions, moved)``: ``decisions`` with no copy reading a tensor passed inside
+    a kernel TensorFlow merges (:attr:`TensorInfo.merged`, a MatMul's output read by its
+    BiasAdd), which the copy's read would split, and the forward pass round apart from
+    plain TensorFlow's. Such a tensor kept or swapped for a copy of its reader hands its
+    decision to the reader's output where that is as large (the same bytes, and the reader
+    is no longer copied; along a chain of merges, to its end); otherwise it is recomputed
+    with its reader. ``moved``: ``{tensor: the output that took its decision}``."""
+    decisions, moved = dict(decisions), {}
+    for op in view.forward:
+        for t in view.ops[op].outputs:
+            info = view.tensors[t]
+            if not info.merged or decisions.get(t, Decision.KEEP) == Decision.RECOMPUTE:
+                continue
+            readers = view.consumers[t]
+            if len(readers) != 1:
+                continue
+            outputs = view.ops[readers[0]].outputs
+            if not any(decisions.get(o) == Decision.RECOMPUTE for o in outputs):
+                continue
+            if len(outputs) == 1 and info.bytes is not None and \
+                    view.tensors[outputs[0]].bytes == info.bytes:
+                decisions[outputs[0]] = decisions.pop(t, Decision.KEEP)
+                moved[t] = outputs[0]
+            elif view.ops[op].recomputable:
+                decisions[t] = Decision.RECOMPUTE
+    for t, out in list(moved.items()):  # along a chain: to its end
+        while out in moved:
+            out = moved[out]
+        moved[t] = out
+    if moved:
+        log.debug("ome: decisions moved off tensors inside merged kernels: %s", moved)
+    return decisions, moved
 
 
 def _swapped(view, replaced, copies, decision_of):

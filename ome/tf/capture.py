@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from ome.core.graphview import GraphView, OpInfo, TensorInfo
 from ome.errors import InvalidArgumentError
-from ome.tf import tfprivate
+from ome.tf import merges, tfprivate
 
 # TF1 control flow and functional control flow: a copy would need the loop or branch
 # context (or its function bodies) that only the original has, so ome never copies them.
@@ -210,6 +210,7 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
     """
     backward = set(backward_ops)
     forward = _forward_ops(ys, backward)
+    merged = merges.merged_tensors(ys[0].graph)
     ops, tensors = {}, {}
     for op in forward | backward:
         is_backward = op in backward
@@ -225,7 +226,8 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
             shape, size = shape_and_bytes(t, batch_size, every_dimension=not is_backward)
             tensors[t.name] = TensorInfo(
                 name=t.name, op=op.name, shape=shape, dtype=t.dtype.name, bytes=size,
-                is_float=t.dtype.is_floating, persistent=_is_persistent(op))
+                is_float=t.dtype.is_floating, persistent=_is_persistent(op),
+                merged=not is_backward and t.name in merged)
     seeds = sorted({s.name for s in seeds if s.name in ops})
     return GraphView(ops, tensors, [o.name for o in _order(forward)],
                      [o.name for o in _order(backward)], [x.name for x in xs],

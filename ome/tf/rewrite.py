@@ -7,7 +7,8 @@ held gradients (identities that wait for their variables' last reads), and chain
 backward ops, copies and swap-ins in the order the simulator replays
 (:func:`ome.core.schedule.enforced_order`). The backward ops are ``tf.gradients``' own, so
 gradients (and ``None`` where there is none) are the same as ``tf.gradients``'. Every
-name the schedule uses is checked before the first op is added. TensorFlow's private APIs are reached through ``ome.tf.tfprivate``.
+name the schedule uses is checked before the first op is added. TensorFlow's private APIs
+are reached through ``ome.tf.tfprivate``.
 """
 import logging
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import networkx as nx
 import tensorflow as tf
 
 from ome import errors
-from ome.tf import capture, host, standins, tfprivate, xla as xla_mod
+from ome.tf import capture, host, merges, standins, tfprivate, xla as xla_mod
 from ome.core import schedule as schedule_mod
 from ome.core.graphview import GraphView
 from ome.core.schedule import Decision
@@ -205,10 +206,11 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
 
 def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
     """Make each event of :func:`ome.core.schedule.enforced_order` wait for the one before it,
-    unless it reads it already (:func:`_reads_from`), and each pair of ``Schedule.side_by_side`` both wait for
-    the event before the pair and the next event for both; returns how many were made to
-    wait. An op waits through an identity of its first input that can wait
-    (:func:`_gated`), a swap-in (ome's own op) through a control input. The pairs
+    unless it reads it already (:func:`_reads_from`), and each pair of
+    ``Schedule.side_by_side`` both wait for the event before the pair and the next event
+    for both; returns how many were made to wait. An op waits through an identity of its
+    first input that can wait (:func:`_gated`), a swap-in (ome's own op) through a control
+    input. The pairs
     TensorFlow merges into one kernel stay whole (:func:`_merged_units`), so a copy runs
     the kernel its original runs. Under ``xla``, which drops control inputs, an op waiting
     for a matmul or convolution reads an input tied to its output by data instead
@@ -287,15 +289,16 @@ def _relayed(op):
 
 def _merged_units(graph, chain):
     """``chain`` cut into units, each an op and the ops merged into it, so that the chain
-    keeps the merges of :func:`merged_pairs` whole: the second op of a pair (a BiasAdd, the
-    Conv2D reading a Pad, a BiasAddGrad) moved to right after its partner, the ops chained
-    between them that do not depend on the partner moved before it (a recomputed Keras
-    convolution's bias reshape), those that do after the pair. Only the unit's first op
-    waits for the step before (through its first input: it has no control input a merge
-    would refuse), and the next step waits for the unit's ends. A pair whose second op
-    depends on an op that must come after the partner is left to :func:`_keep_apart`."""
+    keeps the merges of :func:`ome.tf.merges.merged_pairs` whole: the second op of a pair
+    (a BiasAdd, the Conv2D reading a Pad, a BiasAddGrad) moved to right after its partner,
+    the ops chained between them that do not depend on the partner moved before it (a
+    recomputed Keras convolution's bias reshape), those that do after the pair. Only the
+    unit's first op waits for the step before (through its first input: it has no control
+    input a merge would refuse), and the next step waits for the unit's ends. A pair whose
+    second op depends on an op that must come after the partner is left to
+    :func:`_keep_apart`."""
     position = {op: i for i, op in enumerate(chain)}
-    found = [(op, partner) for op, _, partner in merged_pairs(graph)
+    found = [(op, partner) for op, _, partner in merges.merged_pairs(graph)
              if op in position and partner in position]
     if not found:
         return [[op] for op in chain]
@@ -330,48 +333,12 @@ def _placed_after(deps, order, op, partner):
     return order[:i] + early + [partner, op] + late + order[j + 1:]
 
 
-# Activations Grappler's remapper merges into a convolution or matmul with its bias.
-MERGED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
-
-
-def merged_pairs(graph):
-    """``(op, input index, op it merges with)`` for the pairs TensorFlow merges into one
-    kernel on CPU: :func:`onednn_merges`', a MatMul with the BiasAdd reading it, and such a
-    BiasAdd after a Conv2D or MatMul with the activation reading it (Grappler's remapper,
-    with or without oneDNN)."""
-    yield from onednn_merges(graph)
-    for op in graph.get_operations():
-        if op.type == "BiasAdd" and op.inputs[0].op.type == "MatMul":
-            yield op, 0, op.inputs[0].op
-        elif op.type in MERGED_ACTIVATIONS and op.inputs[0].op.type == "BiasAdd" and \
-                op.inputs[0].op.inputs[0].op.type in ("Conv2D", "MatMul"):
-            yield op, 0, op.inputs[0].op
-
-
-def onednn_merges(graph):
-    """``(op, input index, op it would merge with)`` for the op pairs oneDNN's graph pass
-    (``TF_ENABLE_ONEDNN_OPTS``, on by default on recent x86 CPUs) merges into one op, found
-    by their data edges: a Conv2D and the BiasAdd reading it as input 0, a Pad and the
-    VALID Conv2D reading it as input 0, a BiasAddGrad and the Conv2DBackpropFilter reading
-    its input as out_backprop (input 2)."""
-    for op in graph.get_operations():
-        if op.type == "BiasAdd" and op.inputs[0].op.type == "Conv2D":
-            yield op, 0, op.inputs[0].op
-        elif op.type == "Conv2D" and op.inputs[0].op.type == "Pad" and \
-                op.get_attr("padding") == b"VALID":
-            yield op, 0, op.inputs[0].op
-        elif op.type == "BiasAddGrad":
-            for reader in op.inputs[0].consumers():
-                if reader.type == "Conv2DBackpropFilter" and reader.inputs[2] is op.inputs[0]:
-                    yield op, 0, reader
-
-
 def _keep_apart(graph):
-    """Give each op of a pair :func:`onednn_merges` finds its input through a gate where
-    another path joins the two (the chain's waits, a copy's): merged, they would form a
-    cycle, and TensorFlow refuses the graph ("nodes in a cycle") or never runs the ops
+    """Give each op of a pair :func:`ome.tf.merges.onednn_merges` finds its input through a
+    gate where another path joins the two (the chain's waits, a copy's): merged, they
+    would form a cycle, and TensorFlow refuses the graph ("nodes in a cycle") or never runs the ops
     ("Retval does not have value")."""
-    pairs = list(onednn_merges(graph))
+    pairs = list(merges.onednn_merges(graph))
     if not pairs:
         return
     deps = dependencies(graph)

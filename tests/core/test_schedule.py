@@ -813,3 +813,44 @@ def test_fed_inputs_and_constants_are_no_variables_to_hold():
     where tf.gradients' fetched sum is not."""
     assert schedule.variable_reads(layer(read_variable=True)) == {"w:0": ["r:0"]}
     assert schedule.variable_reads(chain()) == {}
+
+
+def dense_layers():
+    """Two ``tanh(x @ w + b)`` layers, whose matmul, bias add and tanh TensorFlow merges
+    into one kernel: ``m1:0``, ``b1:0``, ``m2:0`` and ``b2:0`` pass inside one."""
+    forward = [("x", "Placeholder", [], 1), ("w", "Placeholder", [], 1),
+               ("m1", "MatMul", ["x:0", "w:0"], 1), ("b1", "BiasAdd", ["m1:0", "w:0"], 1),
+               ("t1", "Tanh", ["b1:0"], 1), ("m2", "MatMul", ["t1:0", "w:0"], 1),
+               ("b2", "BiasAdd", ["m2:0", "w:0"], 1), ("t2", "Tanh", ["b2:0"], 1),
+               ("y", "Sum", ["t2:0"], 1)]
+    backward = [("g_y", "Fill", [], 1), ("g_b2", "TanhGrad", ["t2:0", "g_y:0"], 1),
+                ("g_w2", "MatMul", ["t1:0", "g_b2:0"], 1),
+                ("g_t1", "MatMul", ["g_b2:0", "w:0"], 1),
+                ("g_b1", "TanhGrad", ["t1:0", "g_t1:0"], 1),
+                ("g_w1", "MatMul", ["x:0", "g_b1:0"], 1)]
+    data = build_view(forward, backward, xs=["w:0"], ys=["y:0"], grads=["g_w1:0"],
+                      persistent=["x:0", "w:0"]).to_dict()
+    for t in data["tensors"]:
+        t["merged"] = t["name"] in ("m1:0", "b1:0", "m2:0", "b2:0")
+    return GraphView.from_dict(data)
+
+
+def test_no_copy_reads_a_tensor_inside_a_merged_kernel():
+    """A checkpoint inside a matmul, bias add and tanh TensorFlow merges would split the
+    forward kernel (its output read twice), rounding apart from plain TensorFlow's: the
+    decision moves to the end of the merge, the same bytes, and the tanh is not copied."""
+    view = dense_layers()
+    recompute_all = {t: Decision.RECOMPUTE for t in ("m1:0", "b1:0", "t1:0", "m2:0", "b2:0",
+                                                     "t2:0")}
+    decisions, moved = schedule.whole_merges(view, {**recompute_all, "m1:0": Decision.KEEP})
+    assert moved == {"m1:0": "t1:0", "b1:0": "t1:0"}
+    assert decisions["t1:0"] == Decision.KEEP and "m1:0" not in decisions
+    plan = make_plan(view, {**recompute_all, "b1:0": Decision.KEEP}, {}, "test",
+                     checkpoints=("b1:0",))
+    assert plan.checkpoints == ("t1:0",)
+    copied = set(plan.schedule.copied_ops)
+    assert copied == {"m2", "b2", "t2"}  # rebuilt from t1, the merge whole
+    for group in plan.schedule.groups:
+        assert not any(view.tensors[t].merged for t in group.boundaries)
+    # recomputed whole, nothing moves
+    assert schedule.whole_merges(view, recompute_all) == (recompute_all, {})

@@ -158,3 +158,20 @@ def test_verdicts_say_what_the_plan_did(setting, did):
     # a plan that swaps may recompute too ("both")
     assert verdict.kind == "exact" and verdict.did in (did, "both"), verdict.message
     assert (verdict.did == "both") <= (did == "swap"), verdict.message
+
+
+@pytest.mark.parametrize("seed, setting", [
+    # oneDNN merged a BiasAddGrad with the Conv2DBackpropFilter reading it through
+    # gate_gradients' identity, after the chain made the filter gradient wait for the
+    # bias gradient: the merged op waited for itself ("Retval[0] does not have value")
+    (112012151, "tf-options"),
+    # the chain's waits on the slices of a plain sum's seed kept Grappler from folding
+    # them into one constant addend, and the sum rounded apart
+    (112012145, "auto"),
+    # a fed input's gradient, held, was an identity of a sum Grappler then regrouped
+    (20261291, "tf-options"),
+])
+def test_programs_once_apart_are_bit_equal(seed, setting):
+    verdict = fuzzing.judge(randomgraphs.generate(seed, size=16),
+                            fuzzing.settings_named(setting)[0])
+    assert (verdict.kind, verdict.did) == ("exact", "recompute"), verdict.message

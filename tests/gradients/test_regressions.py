@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import ome
 from ome import errors
-from ome.tf import rewrite, standins, tfprivate
+from ome.tf import merges, rewrite, standins, tfprivate
 
 RNG = np.random.RandomState(0)
 
@@ -140,7 +140,7 @@ def test_convolutions_with_bias_are_never_merged_across_the_rewrite(graph):
     y = tf.reduce_sum(tf.square(h))
     _, info = compare([y], xs, {}, checkpoints=[])
     assert info.copied_ops >= 9  # three convolutions, their bias adds and ReLUs recomputed
-    pairs = list(rewrite.onednn_merges(y.graph))
+    pairs = list(merges.onednn_merges(y.graph))
     assert {(op.type, partner.type) for op, _, partner in pairs} >= {
         ("BiasAdd", "Conv2D"), ("BiasAddGrad", "Conv2DBackpropFilter")}
     deps = rewrite.dependencies(y.graph)
@@ -179,7 +179,7 @@ def test_recomputed_merges_and_sums_are_built_as_their_originals(graph):
         # (Grappler drops those waits: each gradient depends on the copy by data too)
         return [c.name for c in tfprivate.control_outputs(op) if not standins.is_stand_in(c.name, "held")]
 
-    for op, _, partner in rewrite.merged_pairs(y.graph):
+    for op, _, partner in merges.merged_pairs(y.graph):
         assert not waiting(partner), (op.name, partner.name)
         if op.type == "BiasAddGrad":
             assert op.inputs[0] is partner.inputs[2], op.name
@@ -271,3 +271,21 @@ def test_a_shared_weights_fetched_gradient_is_not_held(graph):
     y = tf.reduce_sum(tf.tanh(tf.matmul(h, w))) + tf.reduce_sum(tf.square(v))
     plan, info = compare([y], [w], {}, checkpoints=[])
     assert info.copied_ops >= 6 and not plan.schedule.holds
+
+
+@pytest.mark.parametrize("checkpoints", ["auto", "memory"])
+def test_no_checkpoint_splits_a_merged_matmul_bias_and_tanh(graph, checkpoints):
+    # TensorFlow runs tanh(x @ w + b) as one kernel. The default plan kept the bias add's
+    # output for the copies to start from, a second reader, so the forward pass ran the
+    # matmul and the tanh apart and every gradient came 1 ulp from tf.gradients'.
+    h, xs = tf.constant(RNG.rand(256, 128).astype(np.float32)), []
+    for i in range(8):
+        w = tf.compat.v1.get_variable(f"w{i}", initializer=0.1 * RNG.randn(128, 128).astype(
+            np.float32), use_resource=True)
+        b = tf.compat.v1.get_variable(f"b{i}", initializer=0.1 * RNG.randn(128).astype(
+            np.float32), use_resource=True)
+        xs += [w, b]
+        h = tf.tanh(tf.nn.bias_add(tf.matmul(h, w), b))
+    plan, _ = compare([tf.reduce_sum(tf.square(h))], xs, {}, checkpoints=checkpoints)
+    assert plan.recomputed and plan.checkpoints
+    assert all(t.startswith("Tanh") for t in plan.checkpoints), plan.checkpoints

@@ -1,0 +1,68 @@
+"""The op pairs TensorFlow merges into one kernel on CPU (Grappler's remapper; oneDNN's
+graph pass, on by default on recent x86 CPUs), found by their data edges. The rewrite
+keeps them whole, and a plan keeps no tensor inside one (:mod:`ome.tf.capture` marks
+them): a tensor one of them passes on, read by a second reader, splits the kernel, and the
+forward pass then rounds apart from plain TensorFlow's.
+"""
+
+
+# Activations Grappler's remapper merges into a convolution or matmul with its bias.
+MERGED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
+
+
+def merged_pairs(graph):
+    """``(op, input index, op it merges with)`` for the pairs TensorFlow merges into one
+    kernel on CPU: :func:`onednn_merges`', a MatMul with the BiasAdd reading it, and such a
+    BiasAdd after a Conv2D or MatMul with the activation reading it (Grappler's remapper,
+    with or without oneDNN)."""
+    yield from onednn_merges(graph)
+    for op in graph.get_operations():
+        if op.type == "BiasAdd" and op.inputs[0].op.type == "MatMul":
+            yield op, 0, op.inputs[0].op
+        elif op.type in MERGED_ACTIVATIONS and op.inputs[0].op.type == "BiasAdd" and \
+                op.inputs[0].op.inputs[0].op.type in ("Conv2D", "MatMul"):
+            yield op, 0, op.inputs[0].op
+
+
+def onednn_merges(graph):
+    """``(op, input index, op it would merge with)`` for the op pairs oneDNN's graph pass
+    (``TF_ENABLE_ONEDNN_OPTS``, on by default on recent x86 CPUs) merges into one op, found
+    by their data edges: a Conv2D and the BiasAdd reading it as input 0, a Pad and the
+    VALID Conv2D reading it as input 0, a BiasAddGrad and the Conv2DBackpropFilter reading
+    its input (or an identity of it) as out_backprop (input 2)."""
+    for op in graph.get_operations():
+        if op.type == "BiasAdd" and op.inputs[0].op.type == "Conv2D":
+            yield op, 0, op.inputs[0].op
+        elif op.type == "Conv2D" and op.inputs[0].op.type == "Pad" and \
+                op.get_attr("padding") == b"VALID":
+            yield op, 0, op.inputs[0].op
+        elif op.type == "BiasAddGrad":
+            same = _identities(op.inputs[0])
+            readers = {r.name: r for t in same.values() for r in t.consumers()}
+            for reader in readers.values():
+                if reader.type == "Conv2DBackpropFilter" and reader.inputs[2].name in same:
+                    yield op, 0, reader
+
+
+def _identities(tensor):
+    """``{name: tensor}`` of ``tensor`` and the identities of it (``tf.gradients``'
+    ``gate_gradients`` tuples): Grappler removes them before oneDNN's pass looks for
+    pairs."""
+    found, stack = {}, [tensor]  # by name: tensors compare by value inside tf.function
+    while stack:
+        t = stack.pop()
+        if t.name not in found:
+            found[t.name] = t
+            stack.extend(c.outputs[0] for c in t.consumers() if c.type == "Identity")
+    return found
+
+
+def merged_tensors(graph):
+    """Names of the forward tensors passed inside a merged kernel: an output one of
+    :func:`merged_pairs` reads from its partner, read by nothing else."""
+    found = set()
+    for op, i, partner in merged_pairs(graph):
+        tensor = op.inputs[i]
+        if tensor.op is partner and tensor.consumers() == [op]:
+            found.add(tensor.name)
+    return found
