@@ -15,9 +15,6 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")  # memory statistics on CPU
-# oneDNN fuses plain backprop's matmul and bias but not ome's recomputed copies; the two
-# round differently (weights 1.5e-8 apart after 3 steps). Without it they are bit-equal.
-os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
