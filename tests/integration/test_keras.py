@@ -74,3 +74,9 @@ def test_real_architectures_and_an_lstm_equal_tf_gradients():
 def test_inception_resnet_v2_equals_tf_gradients():
     lines = run_script("keras_applications.py", "--slow", timeout=900)
     assert len(lines) == 1 and lines[0].startswith("OK InceptionResNetV2 speed"), lines
+
+
+def test_recomputed_transformer_and_mlp_layers_are_bit_equal():
+    lines = run_script("keras_layers_bits.py")
+    assert [line.split(":")[0] for line in lines] == [
+        "OK bits attention", "OK bits gelu", "OK bits silu", "OK bits layernorm"], lines
