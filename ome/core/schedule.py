@@ -394,8 +394,8 @@ _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 def foldable_ops(view):
     """Backward ops whose values Grappler computes before the step runs (constants, the
-    shapes of tensors of static shape, and what is computed from those alone: the
-    gradient of a plain sum's seed and its slices). A wait would keep Grappler from
+    shapes of tensors of static shape, and what is computed from those and the forward
+    pass's constants alone: the gradient of a plain sum's seed and its slices). A wait would keep Grappler from
     folding them, and a sum of them from folding its constant addends into one, which
     then rounds apart from ``tf.gradients``'."""
     def compute():
@@ -407,7 +407,8 @@ def foldable_ops(view):
                     for t in op.inputs):
                 found.add(name)
             elif op.inputs and "Random" not in op.type and all(
-                    view.tensors[t].op in found for t in op.inputs):
+                    view.tensors[t].op in found
+                    or view.ops[view.tensors[t].op].type in _CONSTANT_OPS for t in op.inputs):
                 found.add(name)
         return frozenset(found)
 

@@ -854,3 +854,17 @@ def test_no_copy_reads_a_tensor_inside_a_merged_kernel():
         assert not any(view.tensors[t].merged for t in group.boundaries)
     # recomputed whole, nothing moves
     assert schedule.whole_merges(view, recompute_all) == (recompute_all, {})
+
+
+def test_what_grappler_folds_into_constants_is_not_chained():
+    """A plain sum's seed (a fill of a static shape) and what backprop makes of it alone
+    are constants to Grappler, and a forward constant given as a seed is one too: a wait
+    would keep them from being folded."""
+    forward = [("x", "Placeholder", [], 1), ("k", "Const", [], 1), ("a", "Tanh", ["x:0"], 1),
+               ("y", "Sum", ["a:0"], 1)]
+    backward = [("shape", "Shape", ["y:0"], 1), ("g_y", "Fill", ["shape:0", "k:0"], 1),
+                ("g_t", "Tile", ["g_y:0", "k:0"], 1), ("g_a", "TanhGrad", ["a:0", "g_t:0"], 1)]
+    view = build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=["g_a:0"],
+                      persistent=["x:0"])
+    assert schedule.foldable_ops(view) == {"shape", "g_y", "g_t"}
+    assert not schedule.chained_op(view, "g_t") and schedule.chained_op(view, "g_a")

@@ -166,8 +166,9 @@ def test_verdicts_say_what_the_plan_did(setting, did):
     # bias gradient: the merged op waited for itself ("Retval[0] does not have value")
     (112012151, "tf-options"),
     # the chain's waits on the slices of a plain sum's seed kept Grappler from folding
-    # them into one constant addend, and the sum rounded apart
-    (112012145, "auto"),
+    # them into one constant addend, and the sum rounded apart; so with a seed the user
+    # gave as a constant of the forward pass
+    (112012145, "auto"), (112012365, "auto"),
     # a fed input's gradient, held, was an identity of a sum Grappler then regrouped
     (20261291, "tf-options"),
 ])
