@@ -210,11 +210,10 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
     ``Schedule.side_by_side`` both wait for the event before the pair and the next event
     for both; returns how many were made to wait. An op waits through an identity of its
     first input that can wait (:func:`_gated`), a swap-in (ome's own op) through a control
-    input. The pairs
-    TensorFlow merges into one kernel stay whole (:func:`_merged_units`), so a copy runs
-    the kernel its original runs. Under ``xla``, which drops control inputs, an op waiting
-    for a matmul or convolution reads an input tied to its output by data instead
-    (:func:`_tied_after`). ``reads``: the schedule's :func:`ome.core.schedule.event_reads`."""
+    input. The pairs TensorFlow merges into one kernel stay whole (:func:`_merged_units`),
+    so a copy runs the kernel its original runs. Under ``xla``, which drops control
+    inputs, an op waiting for a matmul or convolution reads an input tied to its output by
+    data instead (:func:`_tied_after`). ``reads``: the schedule's :func:`ome.core.schedule.event_reads`."""
     sched = plan.schedule
 
     def real(kind, name):
