@@ -208,8 +208,8 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
     """Make each event of :func:`ome.core.schedule.enforced_order` wait for the one before it,
     unless it reads it already (:func:`_reads_from`), and each pair of
     ``Schedule.side_by_side`` both wait for the event before the pair and the next event
-    for both; returns how many were made to wait. An op waits through an identity of its
-    first input that can wait (:func:`_gated`), a swap-in (ome's own op) through a control
+    for both; returns how many were made to wait. An op waits through an identity of an
+    input that can wait (:func:`_gated_input`, :func:`_gated`), a swap-in (ome's own op) through a control
     input. The pairs TensorFlow merges into one kernel stay whole (:func:`_merged_units`),
     so a copy runs the kernel its original runs. Under ``xla``, which drops control
     inputs, an op waiting for a matmul or convolution reads an input tied to its output by
@@ -251,11 +251,24 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
             else:
                 tied = _tied_after(op.inputs, waits, op.name) if xla else None
                 if tied is None:
-                    i = next(i for i, t in enumerate(op.inputs) if _can_wait(t))
+                    i = _gated_input(op)
                     tied = i, _gated(op.inputs[i], waits)
                 tfprivate.update_input(op, *tied)
             waited += 1
     return waited
+
+
+# Ops Grappler folds into the op reading them (a transpose into the matmul reading it, as
+# its transpose_a): a gate between them would keep the two kernels apart.
+_FOLDED_INTO_READER = frozenset({"Transpose", "ConjugateTranspose"})
+
+
+def _gated_input(op):
+    """The input ``op`` waits through: the first that can wait and is not folded into
+    ``op`` by Grappler (else the first that can wait)."""
+    inputs = [i for i, t in enumerate(op.inputs) if _can_wait(t)]
+    return next((i for i in inputs if op.inputs[i].op.type not in _FOLDED_INTO_READER),
+                inputs[0])
 
 
 def _reads_from(op, source, bounds):
