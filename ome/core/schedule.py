@@ -612,23 +612,24 @@ def whole_merges(view, decisions):
     is no longer copied; along a chain of merges, to its end); otherwise it is recomputed
     with its reader. ``moved``: ``{tensor: the output that took its decision}``."""
     decisions, moved = dict(decisions), {}
-    for op in view.forward:
-        for t in view.ops[op].outputs:
-            info = view.tensors[t]
-            if not info.merged or decisions.get(t, Decision.KEEP) == Decision.RECOMPUTE:
-                continue
-            readers = view.consumers[t]
-            if len(readers) != 1:
-                continue
-            outputs = view.ops[readers[0]].outputs
-            if not any(decisions.get(o) == Decision.RECOMPUTE for o in outputs):
-                continue
-            if len(outputs) == 1 and info.bytes is not None and \
-                    view.tensors[outputs[0]].bytes == info.bytes:
-                decisions[outputs[0]] = decisions.pop(t, Decision.KEEP)
-                moved[t] = outputs[0]
-            elif view.ops[op].recomputable:
-                decisions[t] = Decision.RECOMPUTE
+    merged = view.derived(("merged",), lambda: tuple(
+        t for op in view.forward for t in view.ops[op].outputs if view.tensors[t].merged))
+    for t in merged:  # in forward order: along a chain of merges, one pass
+        if decisions.get(t, Decision.KEEP) == Decision.RECOMPUTE:
+            continue
+        info = view.tensors[t]
+        readers = view.consumers[t]
+        if len(readers) != 1:
+            continue
+        outputs = view.ops[readers[0]].outputs
+        if not any(decisions.get(o) == Decision.RECOMPUTE for o in outputs):
+            continue
+        if len(outputs) == 1 and info.bytes is not None and \
+                view.tensors[outputs[0]].bytes == info.bytes:
+            decisions[outputs[0]] = decisions.pop(t, Decision.KEEP)
+            moved[t] = outputs[0]
+        elif view.ops[info.op].recomputable:
+            decisions[t] = Decision.RECOMPUTE
     for t, out in list(moved.items()):  # along a chain: to its end
         while out in moved:
             out = moved[out]
