@@ -14,7 +14,6 @@ import dataclasses
 import logging
 
 from ome import errors
-from ome.core.sizes import parse_bytes
 from ome.measured_steps import (DEFAULT_PLAN, asks_measurement, first_instead, first_named,
                                 first_plan)
 
@@ -70,8 +69,7 @@ def record(graph, build, options):
         except errors.BudgetError as err:
             if first == DEFAULT_PLAN or not built_first:
                 raise
-            budget = parse_bytes(options["memory_budget"], what="memory budget")
-            first = first_instead(err, first, budget)
+            first = first_instead(err, first)
             log.warning("%s; the first steps run %s", err, first_named(first))
     if not hasattr(graph, _CALLS):
         setattr(graph, _CALLS, [])

@@ -11,8 +11,8 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    from another batch (:attr:`ome.core.costs.CostModel.extrapolated`: the same step
    profiled at a smaller batch), the first steps run the plan it makes for the user's
    options, budget and swaps included, instead (:func:`first_plan`); if that plan is
-   refused, the plan for the smallest reachable budget the refusal names where it is
-   within the budget, else the default plan (:func:`first_instead`). A step that turns
+   refused, the plan for the smallest reachable budget the refusal names, within the
+   budget or not, else the default plan (:func:`first_instead`). A step that turns
    out to ask for no measurement (its options read when it traced) is done here, and so
    is an XLA-compiled step without a budget or a host to swap to: the profiler sees its
    compiled cluster, not its ops, so a profile has no op costs to plan from.
@@ -131,13 +131,15 @@ def first_plan(options):
     return {"memory_budget": budget - int(CREEP * budget)}
 
 
-def first_instead(refusal, first, budget):
+def first_instead(refusal, first):
     """The first plan's overrides where the plan of ``first`` (from scaled costs) was
     refused: the plan for the smallest reachable budget the ``refusal`` names, where that
-    is within ``budget`` (bytes) and was not ``first``'s own; else :data:`DEFAULT_PLAN`."""
+    was not ``first``'s own; else :data:`DEFAULT_PLAN`. Over the user's budget too: it is
+    the plan predicted to come nearest, and its profile plans a step like the one that
+    will fit (one swapping as much as it does), where the default plan's peaks higher and
+    misjudges such a step."""
     reachable = _reachable(refusal)
-    if budget is not None and reachable is not None and reachable <= budget and \
-            first.get("memory_budget") != reachable:
+    if reachable is not None and first.get("memory_budget") != reachable:
         return {"memory_budget": reachable}
     return dict(DEFAULT_PLAN)
 
@@ -284,7 +286,7 @@ class MeasuredSteps:
             except errors.BudgetError as err:  # raised while tracing: no op ran
                 if self.first == DEFAULT_PLAN:
                     raise
-                self.first = first_instead(err, self.first, known)
+                self.first = first_instead(err, self.first)
                 log.warning("%s: %s; the first steps run %s", self.name, err,
                             first_named(self.first))
                 self.overrides = dict(self.first)

@@ -6,6 +6,7 @@ A :class:`Plan` is frozen plain data. Policies produce it (``ome.policies.select
 round-trips through JSON, so a saved plan can be applied to the same graph later.
 """
 import enum
+import logging
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional, Tuple
@@ -13,6 +14,11 @@ from typing import Dict, Optional, Tuple
 from ome import errors
 from ome.core import schedule as schedule_mod
 from ome.core.schedule import Decision, Schedule
+
+log = logging.getLogger(__name__)
+
+#: The reason of a decision the user gave (a pin).
+PINNED = "pinned by the user"
 
 __all__ = ["Decision", "Plan", "Solver", "TensorPlan", "explain", "make_plan"]
 
@@ -126,6 +132,16 @@ def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=N
     ``leaves_first``: the schedule's backward order (:func:`ome.core.schedule.build`).
     """
     decisions, moved = schedule_mod.whole_merges(view, decisions)
+    reasons = dict(reasons)
+    given = {t: out for t, out in moved.items() if reasons.get(t) == PINNED
+             or reasons.get(out) == PINNED or policy == "explicit" and t in checkpoints}
+    if given:
+        log.warning("ome: %d of the decisions given moved off tensors passed inside a kernel "
+                    "TensorFlow merges (a copy reading one would split the kernel, and the "
+                    "forward pass would round apart from plain TensorFlow's): %s",
+                    len(given), ", ".join(f"{t} -> {out}" for t, out in sorted(given.items())))
+    for t, out in moved.items():
+        reasons[out] = f"takes the decision of {t}, passed inside a merged kernel"
     checkpoints = tuple(dict.fromkeys(moved.get(t, t) for t in checkpoints))
     built = schedule_mod.build(view, decisions, swap_ahead=swap_ahead,
                                leaves_first=leaves_first)

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ome import errors
-from ome.core.plans import make_plan
+from ome.core.plans import PINNED, make_plan
 from ome.core.schedule import Decision, check_decision, forced_keep, has_no_bytes
 
 # OpenAI's library ignored tensors this small (elements) when looking for bottlenecks.
@@ -84,7 +84,7 @@ def apply_pins(view, decisions, reasons, pins):
                 "pinned 'swap' by the user, kept: no bytes to move"
             continue
         check_decision(view, tensor, decision, what="pin")
-        decisions[tensor], reasons[tensor] = decision, "pinned by the user"
+        decisions[tensor], reasons[tensor] = decision, PINNED
 
 
 def keep_all(view, *, pins=None, host_device=None):

@@ -410,9 +410,14 @@ def _respecting_dependencies(graph, chain):
 
 def _wait_for(op, waited):
     """Make existing ``op`` (a fence or a deferred backward op: it reads a tensor made in
-    the step) run after the ops ``waited``, its first input passed through
-    :func:`_gated`."""
-    tfprivate.update_input(op, 0, _gated(op.inputs[0], waited))
+    the step) run after the ops ``waited``: through :func:`_gated` on the input
+    :func:`_gated_input` picks, as the chain's ops wait; by control inputs where no input
+    can wait (resources and variants only)."""
+    if not any(_can_wait(t) for t in op.inputs):
+        tfprivate.add_control_inputs(op, waited)
+        return
+    i = _gated_input(op)
+    tfprivate.update_input(op, i, _gated(op.inputs[i], waited))
 
 
 _MATERIALIZED = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",

@@ -5,6 +5,7 @@ backward that mirrors it: ``g_y`` (the seed), then ``g_c`` reads c, ``g_b`` read
 ``g_a`` reads a (like TanhGrad reading its op's output).
 """
 import dataclasses
+import logging
 import types
 
 import pytest
@@ -14,7 +15,8 @@ from ome.core import costs, schedule, simulate
 from ome.policies import planner, search, select
 from ome.core.costs import STATIC, CostModel
 from ome.core.graphview import GraphView, build_view
-from ome.core.plans import Plan, make_plan, with_gradient_holds, with_leaf_waits, with_side_by_side
+from ome.core.plans import (PINNED, Plan, make_plan, with_gradient_holds, with_leaf_waits,
+                             with_side_by_side)
 from ome.core.schedule import Decision
 
 MiB = 2**20
@@ -854,6 +856,20 @@ def test_no_copy_reads_a_tensor_inside_a_merged_kernel():
         assert not any(view.tensors[t].merged for t in group.boundaries)
     # recomputed whole, nothing moves
     assert schedule.whole_merges(view, recompute_all) == (recompute_all, {})
+
+
+def test_a_pin_moved_off_a_merged_tensor_is_said(caplog):
+    """A user's pin on a tensor inside a merged kernel moves to the merge's output, said in
+    a warning and in the plan's reasons; a policy's own decision moves quietly."""
+    view = dense_layers()
+    decisions = {t: Decision.RECOMPUTE for t in ("m1:0", "b1:0", "t1:0", "m2:0", "b2:0")}
+    with caplog.at_level(logging.WARNING, logger="ome.core.plans"):
+        make_plan(view, {**decisions, "b1:0": Decision.KEEP}, {}, "test")
+    assert not caplog.records
+    plan = make_plan(view, {**decisions, "b1:0": Decision.KEEP}, {"b1:0": PINNED}, "test")
+    assert "b1:0 -> t1:0" in caplog.text
+    assert {t.tensor: t.reason for t in plan.tensors}["t1:0"] == \
+        "takes the decision of b1:0, passed inside a merged kernel"
 
 
 def test_what_grappler_folds_into_constants_is_not_chained():

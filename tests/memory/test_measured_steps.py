@@ -180,15 +180,16 @@ def test_a_refused_first_plan_from_scaled_costs_gives_way_to_the_default_plan(me
     assert built[:2] == [{}, DEFAULT] and step.first == DEFAULT
 
 
-def test_a_refused_first_plan_gives_way_to_the_smallest_reachable_within_the_budget():
+def test_a_refused_first_plan_gives_way_to_the_smallest_reachable():
+    """Within the budget or over it: the plan predicted to come nearest, whose profile
+    plans a step like the one that fits."""
     refused = errors.BudgetError("cannot fit; the smallest reachable is 97 MiB")
     refused.reachable = 97 * MiB
     first = {"memory_budget": 94 * MiB}
-    assert measured_steps.first_instead(refused, first, 100 * MiB) == {"memory_budget": 97 * MiB}
-    assert measured_steps.first_instead(refused, first, 96 * MiB) == DEFAULT  # over the budget
-    assert measured_steps.first_instead(refused, {"memory_budget": 97 * MiB}, 100 * MiB) == \
+    assert measured_steps.first_instead(refused, first) == {"memory_budget": 97 * MiB}
+    assert measured_steps.first_instead(refused, {"memory_budget": 97 * MiB}) == \
         DEFAULT  # refused itself
-    assert measured_steps.first_instead(errors.BudgetError("no"), first, 100 * MiB) == DEFAULT
+    assert measured_steps.first_instead(errors.BudgetError("no"), first) == DEFAULT
 
 
 def test_a_refused_budget_the_profiled_first_plan_met_runs_that_plan_again(measured):
