@@ -380,11 +380,21 @@ def chained_op(view, name, *, copy=False):
     """Whether :func:`enforced_order` chains op ``name`` (or its recomputed ``copy``), so
     that it runs alone rather than beside other kernels."""
     op = view.ops[name]
-    if op.type in REGROUPED_OPS or not copy and (
+    if op.type in REGROUPED_OPS or _merged_into_free(view, op) or not copy and (
             name not in view.main or not op.reroutable or name in view.maybe_dead
             or name in foldable_ops(view)):
         return False
     return any(can_wait(view, t) for t in op.inputs)
+
+
+def _merged_into_free(view, op):
+    """Whether ``op`` passes its outputs inside a merged kernel to ops the chain leaves
+    free (the sigmoid of ``x * sigmoid(x)``, which oneDNN merges with its product): a wait
+    for the op would stand between its input and the product's, splitting the kernel."""
+    return bool(op.outputs) and all(
+        view.tensors[t].merged and view.consumers[t]
+        and all(view.ops[r].type in REGROUPED_OPS for r in view.consumers[t])
+        for t in op.outputs)
 
 
 # Ops Grappler folds into a constant: their value follows from constants and static shapes.

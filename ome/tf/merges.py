@@ -4,6 +4,7 @@ keeps them whole, and a plan keeps no tensor inside one (:mod:`ome.tf.capture` m
 them): a tensor one of them passes on, read by a second reader, splits the kernel, and the
 forward pass then rounds apart from plain TensorFlow's.
 """
+import tensorflow as tf
 
 
 # Activations Grappler's remapper merges into a convolution or matmul with its bias.
@@ -16,6 +17,7 @@ def merged_pairs(graph):
     BiasAdd after a Conv2D or MatMul with the activation reading it (Grappler's remapper,
     with or without oneDNN)."""
     yield from onednn_merges(graph)
+    yield from _swishes(graph)
     for op in graph.get_operations():
         if op.type == "BiasAdd" and op.inputs[0].op.type == "MatMul":
             yield op, 0, op.inputs[0].op
@@ -42,6 +44,33 @@ def onednn_merges(graph):
             for reader in readers.values():
                 if reader.type == "Conv2DBackpropFilter" and reader.inputs[2].name in same:
                     yield op, 0, reader
+
+
+def _swishes(graph):
+    """``(product, input index, sigmoid)`` for each ``x * sigmoid(x)`` (``tf.nn.silu``,
+    Keras's ``swish``; its ``beta * x`` with ``beta`` a constant 1 is ``x`` once Grappler
+    folds it) that oneDNN's remapper merges into one ``_MklSwish`` kernel."""
+    for op in graph.get_operations():
+        if op.type != "Mul" or len(op.inputs) != 2:
+            continue
+        for i, (a, b) in enumerate((op.inputs, op.inputs[::-1])):
+            if a.op.type == "Sigmoid" and _same_after_folding(a.op.inputs[0], b):
+                yield op, i, a.op
+                break
+
+
+def _same_after_folding(tensor, other):
+    """Whether ``tensor`` is ``other``, or ``other`` times a constant 1."""
+    if tensor.name == other.name:
+        return True
+    if tensor.op.type != "Mul":
+        return False
+    a, b = tensor.op.inputs
+    for factor, rest in ((a, b), (b, a)):
+        if rest.name == other.name and factor.op.type == "Const":
+            value = tf.get_static_value(factor)
+            return value is not None and value.size == 1 and float(value) == 1.0
+    return False
 
 
 def _identities(tensor):

@@ -251,7 +251,7 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
             else:
                 tied = _tied_after(op.inputs, waits, op.name) if xla else None
                 if tied is None:
-                    i = _gated_input(op)
+                    i = _gated_input(op.inputs)
                     tied = i, _gated(op.inputs[i], waits)
                 tfprivate.update_input(op, *tied)
             waited += 1
@@ -263,12 +263,13 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
 _FOLDED_INTO_READER = frozenset({"Transpose", "ConjugateTranspose"})
 
 
-def _gated_input(op):
-    """The input ``op`` waits through: the first that can wait and is not folded into
-    ``op`` by Grappler (else the first that can wait)."""
-    inputs = [i for i, t in enumerate(op.inputs) if _can_wait(t)]
-    return next((i for i in inputs if op.inputs[i].op.type not in _FOLDED_INTO_READER),
-                inputs[0])
+def _gated_input(inputs):
+    """The index of the input an op reading ``inputs`` waits through: the first that can
+    wait and is not folded into the op by Grappler (else the first that can wait); None
+    where none can."""
+    can = [i for i, t in enumerate(inputs) if _can_wait(t)]
+    return next((i for i in can if inputs[i].op.type not in _FOLDED_INTO_READER),
+                can[0] if can else None)
 
 
 def _reads_from(op, source, bounds):
@@ -413,11 +414,11 @@ def _wait_for(op, waited):
     the step) run after the ops ``waited``: through :func:`_gated` on the input
     :func:`_gated_input` picks, as the chain's ops wait; by control inputs where no input
     can wait (resources and variants only)."""
-    if not any(_can_wait(t) for t in op.inputs):
+    i = _gated_input(op.inputs)
+    if i is None:
         tfprivate.add_control_inputs(op, waited)
-        return
-    i = _gated_input(op)
-    tfprivate.update_input(op, i, _gated(op.inputs[i], waited))
+    else:
+        tfprivate.update_input(op, i, _gated(op.inputs[i], waited))
 
 
 _MATERIALIZED = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
@@ -467,7 +468,7 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
     with tf.name_scope("recompute"):
         for name in sorted(group_of, key=view.position.__getitem__):
             original, group = ops[name], group_of[name]
-            inputs, first = [], True
+            inputs, first, waits = [], True, []
             for t in original.inputs:
                 if t.name in copies and decisions.get(t.name) == Decision.RECOMPUTE:
                     inputs.append(copies[t.name])
@@ -478,10 +479,15 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
                     inputs.append(t)
             if ties is not None:
                 inputs = ties.inputs(group, inputs, name)
-            elif first:  # a recomputable op has inputs
-                inputs[0] = _gated(inputs[0], [ops[t] for t in group.triggers + group.waits])
+            elif first:  # through the input the chain's ops would wait through
+                waits = [ops[t] for t in group.triggers + group.waits]
+                i = _gated_input(inputs)
+                if i is not None:
+                    inputs[i], waits = _gated(inputs[i], waits), []
             copy = standins.beside(name, "recomputed",
                                    lambda n: tfprivate.copy_op(original, inputs, n))
+            if waits:  # no input can wait (resources, variants)
+                tfprivate.add_control_inputs(copy, waits)
             copies.update(zip((t.name for t in original.outputs), copy.outputs))
             if ties is not None:
                 ties.copied(original, copy)

@@ -872,6 +872,27 @@ def test_a_pin_moved_off_a_merged_tensor_is_said(caplog):
         "takes the decision of b1:0, passed inside a merged kernel"
 
 
+def test_a_sigmoid_merged_into_a_free_product_is_not_chained():
+    """oneDNN runs ``x * sigmoid(x)`` as one kernel: the product is left free, and so is
+    the sigmoid passing it its output, since a wait would stand between the two reads of
+    ``x``; a sigmoid read by something else stays chained."""
+    forward = [("x", "Placeholder", [], 1), ("w", "Placeholder", [], 1),
+               ("m", "MatMul", ["x:0", "w:0"], 1), ("s", "Sigmoid", ["m:0"], 1),
+               ("p", "Mul", ["m:0", "s:0"], 1), ("y", "Sum", ["p:0"], 1)]
+    # tf.nn.silu's gradient computes its own sigmoid: the product alone reads s
+    backward = [("g_y", "Fill", [], 1), ("g_s", "Sigmoid", ["m:0"], 1),
+                ("g_m", "Mul", ["g_s:0", "g_y:0"], 1),
+                ("g_w", "MatMul", ["x:0", "g_m:0"], 1)]
+    data = build_view(forward, backward, xs=["w:0"], ys=["y:0"], grads=["g_w:0"],
+                      persistent=["x:0", "w:0"]).to_dict()
+    assert schedule.chained_op(GraphView.from_dict(data), "s", copy=True)
+    for t in data["tensors"]:
+        t["merged"] = t["name"] == "s:0"
+    view = GraphView.from_dict(data)
+    assert not schedule.chained_op(view, "s", copy=True)
+    assert schedule.chained_op(view, "m", copy=True)
+
+
 def test_what_grappler_folds_into_constants_is_not_chained():
     """A plain sum's seed (a fill of a static shape) and what backprop makes of it alone
     are constants to Grappler, and a forward constant given as a seed is one too: a wait

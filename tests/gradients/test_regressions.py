@@ -259,6 +259,24 @@ def test_recomputed_silu_keeps_onednns_merged_kernel(graph):
     assert info.copied_ops >= 4
 
 
+@pytest.mark.parametrize("form", ["silu", "product"])
+def test_a_recomputed_swish_after_a_bias_is_one_kernel(graph, form):
+    # x * sigmoid(x) after a matmul and its bias (Keras's Dense with "swish", an
+    # EfficientNet's head): the chain made the recomputed sigmoid wait through an input
+    # the product does not read, so oneDNN could not merge the two into _MklSwish, as it
+    # does in the forward pass: the next layer's weight gradient 1 ulp apart. The
+    # sigmoid, merged into a product the chain leaves free, is left free too.
+    x = tf.constant(RNG.randn(16, 3).astype(np.float32))
+    xs = [tf.compat.v1.get_variable(name, initializer=RNG.randn(*shape).astype(np.float32))
+          for name, shape in (("w1", (3, 16)), ("b1", (16,)), ("w2", (16, 10)))]
+    h = tf.nn.bias_add(tf.matmul(x, xs[0]), xs[1])
+    h = tf.nn.silu(h) if form == "silu" else h * tf.sigmoid(h)
+    y = tf.reduce_sum(tf.matmul(h, xs[2]) * RNG.randn(16, 10).astype(np.float32))
+    assert any(pair[2].type == "Sigmoid" for pair in merges.merged_pairs(y.graph))
+    _, info = compare([y], xs, {}, checkpoints=[])
+    assert info.copied_ops >= 4
+
+
 def test_a_shared_weights_fetched_gradient_is_not_held(graph):
     # A weight read twice has a sum for its gradient. Held (an identity of the sum, waiting
     # for the weight's backward reads), it was regrouped by Grappler with the sum inside
