@@ -6,8 +6,8 @@ A :class:`Plan` is frozen plain data. Policies produce it (``ome.policies.select
 round-trips through JSON, so a saved plan can be applied to the same graph later.
 """
 import enum
-import logging
 import json
+import logging
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional, Tuple
 
