@@ -35,6 +35,7 @@ class RewriteInfo:
     swapped: List[str] = field(default_factory=list)
     rerouted: int = 0
     tied: int = 0  # copies tied to backprop by data (under XLA, ome.tf.xla)
+    anchored: int = 0  # sums and products kept read twice, as in plain backprop
     xla: bool = False  # the step is compiled by XLA (set by ome.gradients)
     ordered: int = 0  # ops made to wait for the one before them in the enforced order
     added_ops: int = 0  # ops added besides tf.gradients' own
@@ -200,6 +201,8 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
         info.ordered = _enforce_order(graph, view, plan, reads, copies, swapped_in, xla=xla)
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("unmerged"):
         _keep_apart(graph)
+    with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("read"):
+        info.anchored = _read_as_in_plain(graph, view, copies)
     info.added_ops = len(graph.get_operations()) - before
     return info
 
@@ -359,6 +362,41 @@ def _keep_apart(graph):
     for op, i, partner in pairs:
         if joined_apart(deps, order, op.name, partner.name):
             tfprivate.update_input(op, i, _gated(op.inputs[i], []))
+
+
+# Ops whose trees Grappler regroups through an operand read by that tree alone (the
+# arithmetic optimizer's broadcast minimizing and factor hoisting, constant folding's
+# push-down), never through one read elsewhere too.
+_GROUPED_OPS = frozenset({"Add", "AddV2", "AddN", "Mul", "Sub", "Div", "RealDiv"})
+
+
+def _read_as_in_plain(graph, view, copies):
+    """Keep each forward sum or product read by more than one op in ``tf.gradients``' graph
+    read by more than one in the rewritten graph too, the original and its copy: where
+    the rewrite left one read by a single op (its backward readers rerouted to a copy,
+    or a copy read by backprop alone), Grappler regrouped the tree through it and the
+    value rounded apart (a kept GELU output, ``(0.5 * x) * erfc(..)`` became ``(erfc(..)
+    * 0.5) * x``). A protected identity reads it as well, and its single reader waits
+    for that identity, which runs as soon as the tensor is made. Returns how many."""
+    anchored = 0
+    for name in view.forward:
+        op_info = view.ops[name]
+        if op_info.type not in _GROUPED_OPS or op_info.in_tf1_frame:
+            continue
+        for t in op_info.outputs:
+            if len(set(view.consumers[t])) < 2:
+                continue
+            for real in (graph.get_tensor_by_name(t), copies.get(t)):
+                readers = {c.name: c for c in real.consumers()} if real is not None else {}
+                if len(readers) != 1:
+                    continue
+                (reader,) = readers.values()
+                with tf.device(real.device):
+                    anchor = tf.identity(real, name=real.op.name + "_read")
+                tfprivate.protect_from_grappler(anchor.op)
+                tfprivate.add_control_inputs(reader, [anchor.op])
+                anchored += 1
+    return anchored
 
 
 def dependencies(graph):

@@ -277,6 +277,30 @@ def test_a_recomputed_swish_after_a_bias_is_one_kernel(graph, form):
     assert info.copied_ops >= 4
 
 
+def test_a_kept_product_is_grouped_as_in_plain_backprop(graph):
+    # The default plan keeps a GELU's output, (0.5 * x) * erfc(..), and recomputes what
+    # backprop reads inside it. 0.5 * x, read by the product and by backprop in
+    # tf.gradients' graph, was then read by the product alone, and Grappler regrouped
+    # the forward product as (erfc(..) * 0.5) * x, and backprop's products through the
+    # copy of 0.5 * x: most gradients 1 ulp apart. A sum or product read twice in plain
+    # backprop is kept read twice.
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.rand(4, 16, 16, 3).astype(np.float32))
+    shapes = {"k": (4, 4, 3, 16), "b": (16,), "d": (7, 7, 16, 1), "db": (16,),
+              "w1": (16, 64), "b1": (64,), "w2": (64, 16), "b2": (16,), "w3": (16, 10)}
+    v = {name: tf.compat.v1.get_variable(name, initializer=(0.3 * rng.randn(*shape)).astype(
+        np.float32)) for name, shape in shapes.items()}
+    h = tf.nn.bias_add(tf.nn.conv2d(x, v["k"], 4, "VALID"), v["b"])
+    h = tf.nn.bias_add(tf.nn.depthwise_conv2d(h, v["d"], [1, 1, 1, 1], "SAME"), v["db"])
+    h = tf.nn.bias_add(tf.matmul(tf.reshape(h, (-1, 16)), v["w1"]), v["b1"])
+    h = tf.nn.gelu(tf.reshape(h, (4, 4, 4, 64)))
+    h = tf.nn.bias_add(tf.matmul(tf.reshape(h, (-1, 64)), v["w2"]), v["b2"])
+    y = tf.reduce_sum(tf.matmul(tf.reduce_mean(tf.reshape(h, (4, 4, 4, 16)), [1, 2]),
+                                v["w3"]) * rng.randn(4, 10).astype(np.float32))
+    plan, info = compare([y], list(v.values()), {}, checkpoints="auto")
+    assert plan.recomputed and info.anchored
+
+
 def test_a_shared_weights_fetched_gradient_is_not_held(graph):
     # A weight read twice has a sum for its gradient. Held (an identity of the sum, waiting
     # for the weight's backward reads), it was regrouped by Grappler with the sum inside
