@@ -264,15 +264,18 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
 # Ops Grappler folds into the op reading them (a transpose into the matmul reading it, as
 # its transpose_a): a gate between them would keep the two kernels apart.
 _FOLDED_INTO_READER = frozenset({"Transpose", "ConjugateTranspose"})
+_CONSTANT_OPS = frozenset({"Const", "HostConst"})
 
 
 def _gated_input(inputs):
-    """The index of the input an op reading ``inputs`` waits through: the first that can
-    wait and is not folded into the op by Grappler (else the first that can wait); None
-    where none can."""
+    """The index of the input an op reading ``inputs`` waits through: of those that can
+    wait, the first that is neither a constant (a gate keeps Grappler from folding it:
+    ``tf.nn.silu``'s ``beta * x`` with ``beta`` 1) nor folded into the op by Grappler,
+    else the first not folded, else the first; None where none can wait."""
     can = [i for i, t in enumerate(inputs) if _can_wait(t)]
-    return next((i for i in can if inputs[i].op.type not in _FOLDED_INTO_READER),
-                can[0] if can else None)
+    unfolded = [i for i in can if inputs[i].op.type not in _FOLDED_INTO_READER]
+    return next((i for i in unfolded if inputs[i].op.type not in _CONSTANT_OPS),
+                next(iter(unfolded + can), None))
 
 
 def _reads_from(op, source, bounds):
@@ -502,6 +505,8 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
     copy reading no tied copy reads one input tied to them by data."""
     group_of = {op: g for g in sched.groups for op in g.ops}
     copies = {}
+    # (id of a group, name of a tensor it reads from outside) -> the gate its copies read
+    gates = {}
     ties = _XlaTies(ops, decisions, group_of) if xla else None
     with tf.name_scope("recompute"):
         for name in sorted(group_of, key=view.position.__getitem__):
@@ -517,11 +522,17 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
                     inputs.append(t)
             if ties is not None:
                 inputs = ties.inputs(group, inputs, name)
-            elif first:  # through the input the chain's ops would wait through
-                waits = [ops[t] for t in group.triggers + group.waits]
-                i = _gated_input(inputs)
-                if i is not None:
-                    inputs[i], waits = _gated(inputs[i], waits), []
+            else:  # the group's gates, one per input from outside it, read by each copy
+                shared = [gates.get((id(group), t.name)) for t in inputs]
+                inputs = [t if g is None else g for t, g in zip(inputs, shared)]
+                if first and all(g is None for g in shared):
+                    # through the input the chain's ops would wait through
+                    waits = [ops[t] for t in group.triggers + group.waits]
+                    i = _gated_input(inputs)
+                    if i is not None:
+                        gate = _gated(inputs[i], waits)
+                        gates[(id(group), inputs[i].name)] = gate
+                        inputs[i], waits = gate, []
             copy = standins.beside(name, "recomputed",
                                    lambda n: tfprivate.copy_op(original, inputs, n))
             if waits:  # no input can wait (resources, variants)

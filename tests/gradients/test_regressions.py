@@ -301,6 +301,33 @@ def test_a_kept_product_is_grouped_as_in_plain_backprop(graph):
     assert plan.recomputed and info.anchored
 
 
+@pytest.mark.parametrize("checkpoints", ["memory", []])
+def test_a_recomputed_swish_reads_one_gated_input(graph, checkpoints):
+    # tf.nn.silu after a batch norm, recomputed from the kept normalized x: the group's
+    # first copy, beta * x, waited through a gate on the constant beta, and the product
+    # read x ungated; beta * x no longer folded into x, and oneDNN did not merge the
+    # copies into one _MklSwish. A group's copies now read one gate per outside input,
+    # and a gate goes on a constant last.
+    rng = np.random.RandomState(0)
+    h, xs = tf.constant(rng.rand(4, 16, 16, 3).astype(np.float32)), []
+
+    def variable(name, value):
+        xs.append(tf.compat.v1.get_variable(name, initializer=value.astype(np.float32)))
+        return xs[-1]
+
+    for i, channels in enumerate((3, 16, 16)):
+        h = tf.nn.bias_add(tf.nn.conv2d(h, variable(f"k{i}", 0.3 * rng.randn(
+            3, 3, channels, 16)), 1, "SAME"), variable(f"b{i}", 0.1 * rng.randn(16)))
+        h = tf.nn.silu(tf.nn.batch_normalization(
+            h, rng.randn(16).astype(np.float32), rng.rand(16).astype(np.float32) + 0.5,
+            variable(f"offset{i}", 0.1 * rng.randn(16)),
+            variable(f"scale{i}", 1 + 0.1 * rng.randn(16)), 1e-3))
+    y = tf.reduce_sum(tf.matmul(tf.reduce_mean(h, [1, 2]), variable("w", rng.randn(16, 5)))
+                      * rng.randn(4, 5).astype(np.float32))
+    plan, _ = compare([y], xs, {}, checkpoints=checkpoints)
+    assert plan.recomputed
+
+
 def test_a_shared_weights_fetched_gradient_is_not_held(graph):
     # A weight read twice has a sum for its gradient. Held (an identity of the sum, waiting
     # for the weight's backward reads), it was regrouped by Grappler with the sum inside
