@@ -308,6 +308,18 @@ def events(view, sched, reads):
 # inner node, would change the grouping, and the result's last bits (a recomputed
 # residual block's output, amplified by batch norm; the products of a GELU).
 REGROUPED_OPS = frozenset({"AddN", "Add", "AddV2", "Mul", "Pow"})
+# Subtractions and divisions Grappler's constant folding regroups as it does sums and
+# products where an operand is a constant (a division by a constant becomes a product by
+# its reciprocal first: hard-swish's ``relu6(x + 3) / 6``, and its gradient).
+_CONSTANT_REGROUPED_OPS = frozenset({"Sub", "RealDiv", "Div"})
+
+
+def regrouped(view, name):
+    """Whether Grappler may regroup op ``name`` with its operands' producers: a sum or a
+    product (:data:`REGROUPED_OPS`), or a subtraction or division with a constant operand."""
+    op = view.ops[name]
+    return op.type in REGROUPED_OPS or op.type in _CONSTANT_REGROUPED_OPS and any(
+        view.ops[view.tensors[t].op].type in _CONSTANT_OPS for t in op.inputs)
 
 
 def enforced_order(view, sched, reads):
@@ -380,7 +392,7 @@ def chained_op(view, name, *, copy=False):
     """Whether :func:`enforced_order` chains op ``name`` (or its recomputed ``copy``), so
     that it runs alone rather than beside other kernels."""
     op = view.ops[name]
-    if op.type in REGROUPED_OPS or _merged_into_free(view, op) or not copy and (
+    if regrouped(view, name) or _merged_into_free(view, op) or not copy and (
             name not in view.main or not op.reroutable or name in view.maybe_dead
             or name in foldable_ops(view)):
         return False
@@ -393,7 +405,7 @@ def _merged_into_free(view, op):
     for the op would stand between its input and the product's, splitting the kernel."""
     return bool(op.outputs) and all(
         view.tensors[t].merged and view.consumers[t]
-        and all(view.ops[r].type in REGROUPED_OPS for r in view.consumers[t])
+        and all(regrouped(view, r) for r in view.consumers[t])
         for t in op.outputs)
 
 
@@ -533,7 +545,7 @@ def _unregrouped(view, ops):
         if name in seen:
             continue
         seen.add(name)
-        parents = _flow_parents(view, name) if view.ops[name].type in REGROUPED_OPS else ()
+        parents = _flow_parents(view, name) if regrouped(view, name) else ()
         if parents:
             stack.extend(parents)
         else:
@@ -775,7 +787,7 @@ def gradient_holds(view, sched):
     reads = variable_reads(view)
     holds = []
     for x, g in zip(view.xs, view.grads):
-        if g is None or view.ops[view.tensors[g].op].type in REGROUPED_OPS:
+        if g is None or regrouped(view, view.tensors[g].op):
             continue
         readers = set()
         for r in reads.get(x, ()):

@@ -893,6 +893,22 @@ def test_a_sigmoid_merged_into_a_free_product_is_not_chained():
     assert schedule.chained_op(view, "m", copy=True)
 
 
+def test_a_division_by_a_constant_is_regrouped_as_a_product():
+    """Grappler turns a division by a constant into a product and regroups it: it is not
+    chained; a division by a tensor is."""
+    forward = [("x", "Placeholder", [], 1), ("six", "Const", [], 1),
+               ("q", "RealDiv", ["x:0", "six:0"], 1), ("r", "RealDiv", ["x:0", "q:0"], 1),
+               ("y", "Sum", ["r:0"], 1)]
+    backward = [("g_y", "Fill", [], 1), ("g_r", "RealDiv", ["g_y:0", "q:0"], 1),
+                ("g_q", "RealDiv", ["g_r:0", "six:0"], 1)]
+    view = build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=["g_q:0"],
+                      persistent=["x:0"])
+    assert schedule.regrouped(view, "q") and schedule.regrouped(view, "g_q")
+    assert not schedule.regrouped(view, "r")
+    assert not schedule.chained_op(view, "q", copy=True)
+    assert schedule.chained_op(view, "r", copy=True)
+
+
 def test_what_grappler_folds_into_constants_is_not_chained():
     """A plain sum's seed (a fill of a static shape) and what backprop makes of it alone
     are constants to Grappler, and a forward constant given as a seed is one too: a wait

@@ -328,6 +328,29 @@ def test_a_recomputed_swish_reads_one_gated_input(graph, checkpoints):
     assert plan.recomputed
 
 
+def test_a_recomputed_hard_swish_divides_as_tf_gradients_does(graph):
+    # MobileNetV3's hard-swish, x * (relu6(x + 3) / 6): Grappler turns the gradient's
+    # division by 6 into a product and regroups it with the product before it, as for
+    # any product, but the chain made the division wait, so (x * dy) / 6 against
+    # tf.gradients' (x / 6) * dy: the stem's gradients 1 ulp apart. A division or
+    # subtraction with a constant operand is left free as sums and products are.
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.rand(2, 64, 64, 3).astype(np.float32))
+    v = {name: tf.compat.v1.get_variable(name, initializer=value.astype(np.float32))
+         for name, value in (("k", 0.3 * rng.randn(3, 3, 3, 16)), ("o", 0.1 * rng.randn(16)),
+                             ("s", 1 + 0.1 * rng.randn(16)), ("d", 0.3 * rng.randn(3, 3, 16, 1)),
+                             ("w", rng.randn(16, 10)))}
+    h = tf.nn.batch_normalization(tf.nn.conv2d(x, v["k"], 2, "SAME"),
+                                  rng.randn(16).astype(np.float32),
+                                  rng.rand(16).astype(np.float32) + 0.5, v["o"], v["s"], 1e-3)
+    h = h * (tf.nn.relu6(h + 3.0) / 6.0)
+    h = tf.nn.relu(tf.nn.depthwise_conv2d(h, v["d"], [1, 1, 1, 1], "SAME"))
+    y = tf.reduce_sum(tf.matmul(tf.reduce_mean(h, [1, 2]), v["w"]) *
+                      rng.randn(2, 10).astype(np.float32))
+    plan, _ = compare([y], list(v.values()), {}, checkpoints=[])
+    assert plan.recomputed
+
+
 def test_a_shared_weights_fetched_gradient_is_not_held(graph):
     # A weight read twice has a sum for its gradient. Held (an identity of the sum, waiting
     # for the weight's backward reads), it was regrouped by Grappler with the sum inside
