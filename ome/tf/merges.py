@@ -10,6 +10,12 @@ import tensorflow as tf
 # Activations Grappler's remapper merges into a convolution or matmul with its bias.
 MERGED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 
+# Sums, products, and subtractions and divisions (with a constant), whose trees Grappler
+# regroups (the arithmetic optimizer's sum rewriting, broadcast minimizing and factor
+# hoisting, constant folding's push-down) through an operand the tree alone reads, never
+# through one read elsewhere too.
+GROUPED_OPS = frozenset({"Add", "AddV2", "AddN", "Mul", "Sub", "Div", "RealDiv"})
+
 
 def merged_pairs(graph):
     """``(op, input index, op it merges with)`` for the pairs TensorFlow merges into one
@@ -87,11 +93,20 @@ def _identities(tensor):
 
 
 def merged_tensors(graph):
-    """Names of the forward tensors passed inside a merged kernel: an output one of
-    :func:`merged_pairs` reads from its partner, read by nothing else."""
+    """Names of the tensors passed inside a merged kernel (an output one of
+    :func:`merged_pairs` reads from its partner, read by nothing else), or inside a tree
+    of :data:`GROUPED_OPS` (a sum's operand only another sum reads: a batch norm's output
+    in a residual sum): a second reader would split the kernel, or keep Grappler from
+    regrouping the tree as it does in ``tf.gradients``' graph."""
     found = set()
     for op, i, partner in merged_pairs(graph):
         tensor = op.inputs[i]
         if tensor.op is partner and tensor.consumers() == [op]:
             found.add(tensor.name)
+    for op in graph.get_operations():
+        if op.type in GROUPED_OPS:
+            for tensor in op.outputs:
+                readers = {reader.name: reader for reader in tensor.consumers()}
+                if len(readers) == 1 and next(iter(readers.values())).type in GROUPED_OPS:
+                    found.add(tensor.name)
     return found

@@ -367,12 +367,6 @@ def _keep_apart(graph):
             tfprivate.update_input(op, i, _gated(op.inputs[i], []))
 
 
-# Ops whose trees Grappler regroups through an operand read by that tree alone (the
-# arithmetic optimizer's broadcast minimizing and factor hoisting, constant folding's
-# push-down), never through one read elsewhere too.
-_GROUPED_OPS = frozenset({"Add", "AddV2", "AddN", "Mul", "Sub", "Div", "RealDiv"})
-
-
 def _read_as_in_plain(graph, view, copies):
     """Keep each forward sum or product read by more than one op in ``tf.gradients``' graph
     read by more than one in the rewritten graph too, the original and its copy: where
@@ -384,7 +378,7 @@ def _read_as_in_plain(graph, view, copies):
     anchored = 0
     for name in view.forward:
         op_info = view.ops[name]
-        if op_info.type not in _GROUPED_OPS or op_info.in_tf1_frame:
+        if op_info.type not in merges.GROUPED_OPS or op_info.in_tf1_frame:
             continue
         for t in op_info.outputs:
             if len(set(view.consumers[t])) < 2:

@@ -351,6 +351,25 @@ def test_a_recomputed_hard_swish_divides_as_tf_gradients_does(graph):
     assert plan.recomputed
 
 
+def test_an_operand_only_a_sum_reads_is_passed_inside_the_sum(graph):
+    # Two batch norms' outputs summed (a NASNet cell): Grappler sums the four terms of
+    # the two as one tree, and a plan that kept a batch norm's output (a copy of the sum
+    # reading it) kept it apart: in training mode every batch statistic after it, and
+    # NASNetMobile's gradients, came apart. Such an operand is marked merged, and plans
+    # hand its decision to the sum's output; an operand read twice is not marked.
+    x = tf.constant(RNG.rand(4, 8, 8, 8).astype(np.float32))
+    a = tf.nn.batch_normalization(x, 0.1, 1.2, 0.3, 0.9, 1e-3)
+    b = tf.nn.batch_normalization(tf.tanh(x), 0.2, 1.1, 0.1, 1.3, 1e-3)
+    total = a + b
+    twice = tf.tanh(x) * 2.0
+    y = tf.reduce_sum(tf.tanh(total) + twice * tf.reduce_mean(twice))
+    merged = merges.merged_tensors(y.graph)
+    assert {a.name, b.name} <= merged
+    assert total.name not in merged and twice.name not in merged
+    _, (plan, _) = ome.gradients(y, [x], checkpoints=[a], return_info=True)
+    assert a.name not in plan.checkpoints and total.name in plan.checkpoints
+
+
 def test_a_shared_weights_fetched_gradient_is_not_held(graph):
     # A weight read twice has a sum for its gradient. Held (an identity of the sum, waiting
     # for the weight's backward reads), it was regrouped by Grappler with the sum inside
