@@ -1,8 +1,9 @@
 """The op pairs TensorFlow merges into one kernel on CPU (Grappler's remapper; oneDNN's
-graph pass, on by default on recent x86 CPUs), found by their data edges. The rewrite
-keeps them whole, and a plan keeps no tensor inside one (:mod:`ome.tf.capture` marks
-them): a tensor one of them passes on, read by a second reader, splits the kernel, and the
-forward pass then rounds apart from plain TensorFlow's.
+graph pass, on by default on recent x86 CPUs), and the trees of sums and products
+Grappler regroups as one, found by their data edges. The rewrite keeps them whole, and a
+plan keeps no tensor inside one (:mod:`ome.tf.capture` marks them): a tensor one of them
+passes on, read by a second reader, splits the kernel or the tree, and the forward pass
+then rounds apart from plain TensorFlow's.
 """
 import tensorflow as tf
 
