@@ -174,47 +174,47 @@ def _measure(spec, lock):
               predicted_added_s=estimates.get("added_seconds") if measured else None,
               device_chunk_waste_bytes=m.shared.device_chunk_waste if m.shared else None)
     details["measurement"] = m.to_dict()
-    first_peaks = details.get("measured_steps", {}).get("first_peaks", [])
-    return judged(row, spec.budget, first_peaks), details
+    settle_peaks = details.get("measured_steps", {}).get("peaks", [])
+    return judged(row, spec.budget, settle_peaks), details
 
 
-def judged(row, budget, first_peaks=()):
-    """``row``, or where it or the ``first_peaks`` of the runs that measured its step
-    (:func:`_settle`) peaked over ``budget``, the row as ``oom`` saying which."""
+def judged(row, budget, settle_peaks=()):
+    """``row``, or where it or any of the ``settle_peaks`` of the runs that measured its
+    step and planned it again (:func:`_settle`; a plan corrected after a step over the
+    budget counts as over) peaked over ``budget``, the row as ``oom`` saying which."""
     if budget is None:
         return row
     if row.device_peak_bytes > budget:
         return dataclasses.replace(
             row, status="oom", reason=f"device peak {format_mib(row.device_peak_bytes)} MiB "
                                       f"exceeds the budget {format_mib(budget)} MiB")
-    if max(first_peaks, default=0) > budget:
+    if max(settle_peaks, default=0) > budget:
         return dataclasses.replace(
-            row, status="oom", reason=f"the first steps, which measure the step, peaked at "
-                                      f"{format_mib(max(first_peaks))} MiB, over the budget "
-                                      f"{format_mib(budget)} MiB")
+            row, status="oom", reason=f"a step measuring or planning the step again peaked "
+                                      f"at {format_mib(max(settle_peaks))} MiB, over the "
+                                      f"budget {format_mib(budget)} MiB")
     return row
 
 
 def _settle(session, step):
     """Run ``step`` in the ``ome.Session`` until each measured call has planned again from
     its profile (or stopped measuring). Returns the runs it took, the seconds its profile
-    took, and the device peaks of its first two runs, which measure the step (the
-    allocator's peak: ome keeps the emulated host's copies outside it)."""
+    took, and the device peak of each run (the allocator's peak: ome keeps the emulated
+    host's copies outside it)."""
     from ome.measured_steps import MAX_CORRECTIONS
     from ome.tf.measure import memory_stats, memory_stats_device
 
     device = memory_stats_device(None)
-    runs, first_peaks = 0, []
+    runs, peaks = 0, []
     while runs < 3 + MAX_CORRECTIONS and not (session.steps and all(
             steps.phase in ("held", "done") for steps in session.steps.values())):
         memory_stats(device, reset=True)
         session.run(step.train_op, step.feed_dict)
-        if runs < 2:
-            first_peaks.append(memory_stats(device)["peak"])
+        peaks.append(memory_stats(device)["peak"])
         runs += 1
     (steps,) = session.steps.values()
     return {"runs": runs, "profile_seconds": round(steps.profile_seconds, 3),
-            "corrections": steps.corrections, "first_peaks": first_peaks}
+            "corrections": steps.corrections, "peaks": peaks}
 
 
 def _save_profile(spec, session, call):

@@ -1010,19 +1010,21 @@ def test_a_profiled_run_carries_the_plans_prediction():
     assert row.predicted_added_s > 0
 
 
-@pytest.mark.parametrize("first_peaks, status, reason", [
+@pytest.mark.parametrize("settle_peaks, status, reason", [
     ([], "ok", None),
-    ([180 * MiB, 190 * MiB], "ok", None),
-    ([260 * MiB, 190 * MiB], "oom", "the first steps, which measure the step, peaked at 260"),
+    ([180 * MiB, 190 * MiB, 200 * MiB], "ok", None),
+    ([260 * MiB, 190 * MiB], "oom", "peaked at 260"),
+    # a plan from the profile over the budget, then corrected: over, though it ends within
+    ([180 * MiB, 190 * MiB, 270 * MiB, 200 * MiB], "oom", "peaked at 270"),
 ])
-def test_a_run_over_its_budget_in_any_step_is_oom(first_peaks, status, reason):
+def test_a_run_over_its_budget_in_any_step_is_oom(settle_peaks, status, reason):
     from benchmark_lib import worker
 
-    row = worker.judged(_row("ome-budget", peak=200 * MiB), 250 * MiB, first_peaks)
+    row = worker.judged(_row("ome-budget", peak=200 * MiB), 250 * MiB, settle_peaks)
     assert row.status == status and (reason is None or reason in row.reason), row
-    over = worker.judged(_row("ome-budget", peak=300 * MiB), 250 * MiB, first_peaks)
+    over = worker.judged(_row("ome-budget", peak=300 * MiB), 250 * MiB, settle_peaks)
     assert over.status == "oom" and "device peak 300" in over.reason
-    assert worker.judged(_row("ome", peak=300 * MiB), None, first_peaks).status == "ok"
+    assert worker.judged(_row("ome", peak=300 * MiB), None, settle_peaks).status == "ok"
 
 
 @pytest.mark.slow  # about a minute: a worker run that measures itself
@@ -1040,7 +1042,7 @@ def test_an_unprofiled_ome_swap_run_measures_itself_as_a_user_script_would():
     # over the profiled one (ome.measured_steps.JUDGED_RUNS)
     assert measured["runs"] in (3, 4) and measured["profile_seconds"] > 0, measured
     # the two runs that measure the step are read too: with a budget, one over it is oom
-    assert len(measured["first_peaks"]) == 2 and min(measured["first_peaks"]) > 0, measured
+    assert len(measured["peaks"]) >= 2 and min(measured["peaks"]) > 0, measured
     # the swap plan stays unless it measured above the first plan on both of its judged
     # runs: then the first plan, which swaps nothing, is built again (a fourth run)
     assert row.predicted_peak_bytes and (row.swapped_count > 0 or measured["runs"] == 4), row
