@@ -319,7 +319,7 @@ def regrouped(view, name):
     product (:data:`REGROUPED_OPS`), or a subtraction or division with a constant operand."""
     op = view.ops[name]
     return op.type in REGROUPED_OPS or op.type in _CONSTANT_REGROUPED_OPS and any(
-        view.ops[view.tensors[t].op].type in _CONSTANT_OPS for t in op.inputs)
+        view.ops[view.tensors[t].op].type in CONSTANT_OPS for t in op.inputs)
 
 
 def enforced_order(view, sched, reads):
@@ -410,27 +410,27 @@ def _merged_into_free(view, op):
 
 
 # Ops Grappler folds into a constant: their value follows from constants and static shapes.
-_CONSTANT_OPS = frozenset({"Const", "HostConst"})
+CONSTANT_OPS = frozenset({"Const", "HostConst"})
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 
 def foldable_ops(view):
     """Backward ops whose values Grappler computes before the step runs (constants, the
     shapes of tensors of static shape, and what is computed from those and the forward
-    pass's constants alone: the gradient of a plain sum's seed and its slices). A wait would keep Grappler from
-    folding them, and a sum of them from folding its constant addends into one, which
-    then rounds apart from ``tf.gradients``'."""
+    pass's constants alone: the gradient of a plain sum's seed and its slices). A wait
+    would keep Grappler from folding them, and a sum of them from folding its constant
+    addends into one, which then rounds apart from ``tf.gradients``'."""
     def compute():
         found = set()
         for name in view.backward:
             op = view.ops[name]
-            if op.type in _CONSTANT_OPS or op.type in _SHAPE_OPS and all(
+            if op.type in CONSTANT_OPS or op.type in _SHAPE_OPS and all(
                     view.tensors[t].shape is not None and None not in view.tensors[t].shape
                     for t in op.inputs):
                 found.add(name)
             elif op.inputs and "Random" not in op.type and all(
                     view.tensors[t].op in found
-                    or view.ops[view.tensors[t].op].type in _CONSTANT_OPS for t in op.inputs):
+                    or view.ops[view.tensors[t].op].type in CONSTANT_OPS for t in op.inputs):
                 found.add(name)
         return frozenset(found)
 

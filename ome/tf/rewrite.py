@@ -212,11 +212,12 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
     unless it reads it already (:func:`_reads_from`), and each pair of
     ``Schedule.side_by_side`` both wait for the event before the pair and the next event
     for both; returns how many were made to wait. An op waits through an identity of an
-    input that can wait (:func:`_gated_input`, :func:`_gated`), a swap-in (ome's own op) through a control
-    input. The pairs TensorFlow merges into one kernel stay whole (:func:`_merged_units`),
-    so a copy runs the kernel its original runs. Under ``xla``, which drops control
-    inputs, an op waiting for a matmul or convolution reads an input tied to its output by
-    data instead (:func:`_tied_after`). ``reads``: the schedule's :func:`ome.core.schedule.event_reads`."""
+    input that can wait (:func:`_gated_input`, :func:`_gated`), a swap-in (ome's own op)
+    through a control input. The pairs TensorFlow merges into one kernel stay whole
+    (:func:`_merged_units`), so a copy runs the kernel its original runs. Under ``xla``,
+    which drops control inputs, an op waiting for a matmul or convolution reads an input
+    tied to its output by data instead (:func:`_tied_after`). ``reads``: the schedule's
+    :func:`ome.core.schedule.event_reads`."""
     sched = plan.schedule
 
     def real(kind, name):
@@ -264,7 +265,6 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
 # Ops Grappler folds into the op reading them (a transpose into the matmul reading it, as
 # its transpose_a): a gate between them would keep the two kernels apart.
 _FOLDED_INTO_READER = frozenset({"Transpose", "ConjugateTranspose"})
-_CONSTANT_OPS = frozenset({"Const", "HostConst"})
 
 
 def _gated_input(inputs):
@@ -274,7 +274,7 @@ def _gated_input(inputs):
     else the first not folded, else the first; None where none can wait."""
     can = [i for i, t in enumerate(inputs) if _can_wait(t)]
     unfolded = [i for i in can if inputs[i].op.type not in _FOLDED_INTO_READER]
-    return next((i for i in unfolded if inputs[i].op.type not in _CONSTANT_OPS),
+    return next((i for i in unfolded if inputs[i].op.type not in schedule_mod.CONSTANT_OPS),
                 next(iter(unfolded + can), None))
 
 
