@@ -209,6 +209,12 @@ def unfetched(view, sched):
     return backward - needed
 
 
+def pruned_in_plain(view):
+    """The backward ops TensorFlow prunes from plain backprop's step (:func:`unfetched`
+    with nothing rewritten): they read nothing, before Grappler regroups or merges."""
+    return view.derived(("pruned_in_plain",), lambda: frozenset(unfetched(view, Schedule())))
+
+
 def backward_leaves(view):
     """Main backward ops no main backward op reads: the weights' and biases' gradients."""
     return {name for name in view.backward if name in view.main and not any(
@@ -311,14 +317,14 @@ REGROUPED_OPS = frozenset({"AddN", "Add", "AddV2", "Mul", "Pow"})
 # Subtractions and divisions Grappler's constant folding regroups as it does sums and
 # products where an operand is a constant (a division by a constant becomes a product by
 # its reciprocal first: hard-swish's ``relu6(x + 3) / 6``, and its gradient).
-_CONSTANT_REGROUPED_OPS = frozenset({"Sub", "RealDiv", "Div"})
+CONSTANT_REGROUPED_OPS = frozenset({"Sub", "RealDiv", "Div"})
 
 
 def regrouped(view, name):
     """Whether Grappler may regroup op ``name`` with its operands' producers: a sum or a
     product (:data:`REGROUPED_OPS`), or a subtraction or division with a constant operand."""
     op = view.ops[name]
-    return op.type in REGROUPED_OPS or op.type in _CONSTANT_REGROUPED_OPS and any(
+    return op.type in REGROUPED_OPS or op.type in CONSTANT_REGROUPED_OPS and any(
         view.ops[view.tensors[t].op].type in CONSTANT_OPS for t in op.inputs)
 
 
@@ -640,7 +646,7 @@ def whole_merges(view, decisions):
         if decisions.get(t, Decision.KEEP) == Decision.RECOMPUTE:
             continue
         info = view.tensors[t]
-        readers = view.consumers[t]
+        readers = [r for r in view.consumers[t] if r not in pruned_in_plain(view)]
         if len(readers) != 1:
             continue
         outputs = view.ops[readers[0]].outputs

@@ -210,7 +210,7 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
     """
     backward = set(backward_ops)
     forward = _forward_ops(ys, backward)
-    merged = merges.merged_tensors(ys[0].graph)
+    merged = merges.merged_tensors(ys[0].graph, pruned=_unneeded(backward, grads))
     ops, tensors = {}, {}
     for op in forward | backward:
         is_backward = op in backward
@@ -239,6 +239,21 @@ def _acyclic_inputs(op):
     ``Merge``): the view is a DAG that runs each loop's body once. Nothing of a loop is
     copied or rewired, so only memory replays see the difference."""
     return tuple(t.name for t in op.inputs if t.op.type not in NEXT_ITERATION_OPS)
+
+
+def _unneeded(backward, grads):
+    """The ops of ``backward`` no gradient of ``grads`` needs (the gradient of a constant
+    factor): TensorFlow prunes them from the step before Grappler runs."""
+    stack = [t.op for g in grads if g is not None
+             for t in tf.nest.flatten(g, expand_composites=True)]
+    needed = set()
+    while stack:
+        op = stack.pop()
+        if op in needed or op not in backward:
+            continue
+        needed.add(op)
+        stack += [t.op for t in op.inputs] + list(op.control_inputs)
+    return {op.name for op in backward - needed}
 
 
 def _grad_name(grad):

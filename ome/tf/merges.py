@@ -7,15 +7,19 @@ then rounds apart from plain TensorFlow's.
 """
 import tensorflow as tf
 
+from ome.core import schedule
+
 
 # Activations Grappler's remapper merges into a convolution or matmul with its bias.
 MERGED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 
-# Sums, products, and subtractions and divisions (with a constant), whose trees Grappler
-# regroups (the arithmetic optimizer's sum rewriting, broadcast minimizing and factor
-# hoisting, constant folding's push-down) through an operand the tree alone reads, never
-# through one read elsewhere too.
-GROUPED_OPS = frozenset({"Add", "AddV2", "AddN", "Mul", "Sub", "Div", "RealDiv"})
+# The ops of a tree Grappler regroups (the arithmetic optimizer's sum rewriting, broadcast
+# minimizing and factor hoisting, constant folding's push-down) through an operand the
+# tree alone reads, never through one read elsewhere too: the sums and products the
+# schedule leaves free, less powers (a power's operand is no tree's), and subtractions
+# and divisions, whatever their operands, since a tree's node may be one whose constant
+# operand is another tree's output.
+GROUPED_OPS = (schedule.REGROUPED_OPS - {"Pow"}) | schedule.CONSTANT_REGROUPED_OPS
 
 
 def merged_pairs(graph):
@@ -93,21 +97,26 @@ def _identities(tensor):
     return found
 
 
-def merged_tensors(graph):
+def merged_tensors(graph, pruned=frozenset()):
     """Names of the tensors passed inside a merged kernel (an output one of
     :func:`merged_pairs` reads from its partner, read by nothing else), or inside a tree
     of :data:`GROUPED_OPS` (a sum's operand only another sum reads: a batch norm's output
     in a residual sum): a second reader would split the kernel, or keep Grappler from
-    regrouping the tree as it does in ``tf.gradients``' graph."""
+    regrouping the tree as it does in ``tf.gradients``' graph. Ops named in ``pruned``
+    (backward ops no gradient needs, which TensorFlow prunes first) read nothing."""
+    def readers_of(tensor):
+        return {reader.name: reader for reader in tensor.consumers()
+                if reader.name not in pruned}
+
     found = set()
     for op, i, partner in merged_pairs(graph):
         tensor = op.inputs[i]
-        if tensor.op is partner and tensor.consumers() == [op]:
+        if tensor.op is partner and list(readers_of(tensor)) == [op.name]:
             found.add(tensor.name)
     for op in graph.get_operations():
         if op.type in GROUPED_OPS:
             for tensor in op.outputs:
-                readers = {reader.name: reader for reader in tensor.consumers()}
+                readers = readers_of(tensor)
                 if len(readers) == 1 and next(iter(readers.values())).type in GROUPED_OPS:
                     found.add(tensor.name)
     return found

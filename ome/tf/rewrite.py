@@ -311,7 +311,8 @@ def _merged_units(graph, chain):
     keeps the merges of :func:`ome.tf.merges.merged_pairs` whole: the second op of a pair
     (a BiasAdd, the Conv2D reading a Pad, a BiasAddGrad) moved to right after its partner,
     the ops chained between them that do not depend on the partner moved before it (a
-    recomputed Keras convolution's bias reshape), those that do after the pair. Only the
+    recomputed Keras convolution's bias reshape), those that do, or that depend on the
+    moved op (a bias gradient's reshapes), after the pair. Only the
     unit's first op waits for the step before (through its first input: it has no control
     input a merge would refuse), and the next step waits for the unit's ends. A pair whose
     second op depends on an op that must come after the partner is left to
@@ -339,11 +340,13 @@ def _placed_after(deps, order, op, partner):
     """``order`` with ``op`` right after ``partner`` (both in it), or unchanged when the
     graph's dependencies ``deps`` forbid it."""
     i, j = order.index(partner), order.index(op)
-    if j < i:  # op reads what partner reads: it moves later, past nothing that needs it
+    if j < i:  # op reads what partner reads: it moves later, and the ops needing it too
         later = nx.descendants(deps, op.name)
-        if any(other.name in later for other in order[j + 1:i + 1]):
+        if partner.name in later:
             return order
-        return order[:j] + order[j + 1:i + 1] + [op] + order[i + 1:]
+        between = order[j + 1:i + 1]
+        return order[:j] + [other for other in between if other.name not in later] + \
+            [op] + [other for other in between if other.name in later] + order[i + 1:]
     after = nx.descendants(deps, partner.name)
     late = [other for other in order[i + 1:j] if other.name in after]
     if any(nx.has_path(deps, other.name, op.name) for other in late):
@@ -373,27 +376,52 @@ def _read_as_in_plain(graph, view, copies):
     the rewrite left one read by a single op (its backward readers rerouted to a copy,
     or a copy read by backprop alone), Grappler regrouped the tree through it and the
     value rounded apart (a kept GELU output, ``(0.5 * x) * erfc(..)`` became ``(erfc(..)
-    * 0.5) * x``). A protected identity reads it as well, and its single reader waits
-    for that identity, which runs as soon as the tensor is made. Returns how many."""
+    * 0.5) * x``). A protected identity reads it as well; it runs as soon as the tensor
+    is made, and the first op after it that is no sum or product, nor merged into a
+    kernel, waits for it, so that it runs at all (Grappler regroups no sum and merges no
+    op that a control edge touches). Backward
+    ops no gradient needs are no readers: TensorFlow prunes them before it regroups
+    (the gradient of a dropout's constant scale). Returns how many."""
+    pruned = schedule_mod.pruned_in_plain(view)
+    merged_ops = None  # names of the ops merged into kernels: the walk passes them
     anchored = 0
     for name in view.forward:
         op_info = view.ops[name]
         if op_info.type not in merges.GROUPED_OPS or op_info.in_tf1_frame:
             continue
         for t in op_info.outputs:
-            if len(set(view.consumers[t])) < 2:
+            if len(set(view.consumers[t]) - pruned) < 2:
                 continue
             for real in (graph.get_tensor_by_name(t), copies.get(t)):
-                readers = {c.name: c for c in real.consumers()} if real is not None else {}
+                readers = {c.name: c for c in real.consumers()
+                           if c.name not in pruned} if real is not None else {}
                 if len(readers) != 1:
                     continue
                 (reader,) = readers.values()
                 with tf.device(real.device):
                     anchor = tf.identity(real, name=real.op.name + "_read")
                 tfprivate.protect_from_grappler(anchor.op)
-                tfprivate.add_control_inputs(reader, [anchor.op])
+                if merged_ops is None:
+                    merged_ops = {o.name for pair in merges.merged_pairs(graph)
+                                  for o in (pair[0], pair[2])}
+                tfprivate.add_control_inputs(_first_free(reader, merged_ops), [anchor.op])
                 anchored += 1
     return anchored
+
+
+def _first_free(op, merged):
+    """``op``, or where it is one of :data:`ome.tf.merges.GROUPED_OPS` or named in
+    ``merged``, the first op after it along data edges that is neither; ``op`` where none
+    is."""
+    seen, queue = {op.name}, [op]
+    for current in queue:
+        if current.type not in merges.GROUPED_OPS and current.name not in merged:
+            return current
+        for reader in (r for t in current.outputs for r in t.consumers()):
+            if reader.name not in seen:
+                seen.add(reader.name)
+                queue.append(reader)
+    return op
 
 
 def dependencies(graph):

@@ -1,7 +1,7 @@
 """Regression tests for the failure classes the random-graph judge found.
 
-Each builds the smallest graph of its class and compares with tf.gradients from the same
-session.run, None exactly where tf.gradients has None.
+Each builds the smallest graph of its class and compares with tf.gradients built in a
+copy of the graph, bit for bit, None exactly where tf.gradients has None.
 """
 import networkx as nx
 import numpy as np
@@ -15,16 +15,35 @@ from ome.tf import merges, rewrite, standins, tfprivate
 RNG = np.random.RandomState(0)
 
 
-def compare(ys, xs, feed, **options):
-    """ome.gradients vs tf.gradients: bit-equal values, None in the same places; the
-    plan."""
+def compare(ys, xs, feed, rebuild=None, **options):
+    """ome.gradients vs tf.gradients, each in a graph of its own (in one graph Grappler
+    merges the equal ops of the two backward passes, and reader counts change): bit-equal
+    values from the same variable values and feed, None in the same places; the plan.
+    tf.gradients' graph is a copy of ``ys``' graph, or where that holds a custom gradient
+    (a Python function bound to the first graph's tensors) what ``rebuild()`` builds and
+    returns as ``(ys, xs, feed)``."""
+    graph = ys[0].graph
+    plain = tf.Graph()
+    with plain.as_default():
+        if rebuild is None:
+            tf.compat.v1.train.import_meta_graph(
+                tf.compat.v1.train.export_meta_graph(graph=graph))
+            plain_ys, plain_xs, plain_feed = ([plain.get_tensor_by_name(t.name) for t in ts]
+                                              for ts in (ys, xs, feed))
+        else:
+            plain_ys, plain_xs, plain_feed = rebuild()
+        expected = tf.gradients(plain_ys, plain_xs)
     grads, (plan, info) = ome.gradients(ys, xs, return_info=True, **options)
-    expected = tf.gradients(ys, xs)
     assert [g is None for g in grads] == [e is None for e in expected]
-    with tf.compat.v1.Session() as sess:
+    with tf.compat.v1.Session(graph=graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        got, want = sess.run([[g for g in grads if g is not None],
-                              [e for e in expected if e is not None]], feed)
+        values = {v.name: v.eval(sess) for v in tf.compat.v1.global_variables()}
+        got = sess.run([g for g in grads if g is not None], feed)
+    with plain.as_default(), tf.compat.v1.Session(graph=plain) as sess:
+        for variable in tf.compat.v1.global_variables():
+            variable.load(values[variable.name], sess)
+        want = sess.run([e for e in expected if e is not None],
+                        dict(zip(plain_feed, feed.values())))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
     return plan, info
@@ -250,12 +269,15 @@ def test_recomputed_silu_keeps_onednns_merged_kernel(graph):
     # beta. The chain gated the recomputed sigmoid's input though it already ran after the
     # op before it, so the copies ran two kernels, rounding apart from tf.gradients'
     # merged one. An op reading the op before it through free ops is not gated.
-    x = tf.constant(RNG.rand(16, 32).astype(np.float32))
-    xs = [tf.compat.v1.get_variable(name, initializer=0.2 * RNG.randn(*shape).astype(
-        np.float32)) for name, shape in (("w1", (32, 64)), ("w2", (64, 8)))]
-    h = tf.nn.silu(tf.matmul(x, xs[0]))
-    y = tf.reduce_sum(tf.tanh(tf.matmul(h, xs[1])))
-    _, info = compare([y], xs, {}, checkpoints=[])
+    def build():
+        rng = np.random.RandomState(0)
+        x = tf.constant(rng.rand(16, 32).astype(np.float32))
+        xs = [tf.compat.v1.get_variable(name, initializer=0.2 * rng.randn(*shape).astype(
+            np.float32)) for name, shape in (("w1", (32, 64)), ("w2", (64, 8)))]
+        h = tf.nn.silu(tf.matmul(x, xs[0]))
+        return [tf.reduce_sum(tf.tanh(tf.matmul(h, xs[1])))], xs, {}
+
+    _, info = compare(*build(), rebuild=build, checkpoints=[])
     assert info.copied_ops >= 4
 
 
@@ -266,14 +288,19 @@ def test_a_recomputed_swish_after_a_bias_is_one_kernel(graph, form):
     # the product does not read, so oneDNN could not merge the two into _MklSwish, as it
     # does in the forward pass: the next layer's weight gradient 1 ulp apart. The
     # sigmoid, merged into a product the chain leaves free, is left free too.
-    x = tf.constant(RNG.randn(16, 3).astype(np.float32))
-    xs = [tf.compat.v1.get_variable(name, initializer=RNG.randn(*shape).astype(np.float32))
-          for name, shape in (("w1", (3, 16)), ("b1", (16,)), ("w2", (16, 10)))]
-    h = tf.nn.bias_add(tf.matmul(x, xs[0]), xs[1])
-    h = tf.nn.silu(h) if form == "silu" else h * tf.sigmoid(h)
-    y = tf.reduce_sum(tf.matmul(h, xs[2]) * RNG.randn(16, 10).astype(np.float32))
-    assert any(pair[2].type == "Sigmoid" for pair in merges.merged_pairs(y.graph))
-    _, info = compare([y], xs, {}, checkpoints=[])
+    def build():
+        rng = np.random.RandomState(0)
+        x = tf.constant(rng.randn(16, 3).astype(np.float32))
+        xs = [tf.compat.v1.get_variable(name, initializer=rng.randn(*shape).astype(
+            np.float32)) for name, shape in (("w1", (3, 16)), ("b1", (16,)), ("w2", (16, 10)))]
+        h = tf.nn.bias_add(tf.matmul(x, xs[0]), xs[1])
+        h = tf.nn.silu(h) if form == "silu" else h * tf.sigmoid(h)
+        return [tf.reduce_sum(tf.matmul(h, xs[2]) * rng.randn(16, 10).astype(np.float32))], \
+            xs, {}
+
+    ys, xs, feed = build()
+    assert any(pair[2].type == "Sigmoid" for pair in merges.merged_pairs(graph))
+    _, info = compare(ys, xs, feed, rebuild=build, checkpoints=[])
     assert info.copied_ops >= 4
 
 
@@ -308,23 +335,25 @@ def test_a_recomputed_swish_reads_one_gated_input(graph, checkpoints):
     # read x ungated; beta * x no longer folded into x, and oneDNN did not merge the
     # copies into one _MklSwish. A group's copies now read one gate per outside input,
     # and a gate goes on a constant last.
-    rng = np.random.RandomState(0)
-    h, xs = tf.constant(rng.rand(4, 16, 16, 3).astype(np.float32)), []
+    def build():
+        rng = np.random.RandomState(0)
+        h, xs = tf.constant(rng.rand(4, 16, 16, 3).astype(np.float32)), []
 
-    def variable(name, value):
-        xs.append(tf.compat.v1.get_variable(name, initializer=value.astype(np.float32)))
-        return xs[-1]
+        def variable(name, value):
+            xs.append(tf.compat.v1.get_variable(name, initializer=value.astype(np.float32)))
+            return xs[-1]
 
-    for i, channels in enumerate((3, 16, 16)):
-        h = tf.nn.bias_add(tf.nn.conv2d(h, variable(f"k{i}", 0.3 * rng.randn(
-            3, 3, channels, 16)), 1, "SAME"), variable(f"b{i}", 0.1 * rng.randn(16)))
-        h = tf.nn.silu(tf.nn.batch_normalization(
-            h, rng.randn(16).astype(np.float32), rng.rand(16).astype(np.float32) + 0.5,
-            variable(f"offset{i}", 0.1 * rng.randn(16)),
-            variable(f"scale{i}", 1 + 0.1 * rng.randn(16)), 1e-3))
-    y = tf.reduce_sum(tf.matmul(tf.reduce_mean(h, [1, 2]), variable("w", rng.randn(16, 5)))
-                      * rng.randn(4, 5).astype(np.float32))
-    plan, _ = compare([y], xs, {}, checkpoints=checkpoints)
+        for i, channels in enumerate((3, 16, 16)):
+            h = tf.nn.bias_add(tf.nn.conv2d(h, variable(f"k{i}", 0.3 * rng.randn(
+                3, 3, channels, 16)), 1, "SAME"), variable(f"b{i}", 0.1 * rng.randn(16)))
+            h = tf.nn.silu(tf.nn.batch_normalization(
+                h, rng.randn(16).astype(np.float32), rng.rand(16).astype(np.float32) + 0.5,
+                variable(f"offset{i}", 0.1 * rng.randn(16)),
+                variable(f"scale{i}", 1 + 0.1 * rng.randn(16)), 1e-3))
+        return [tf.reduce_sum(tf.matmul(tf.reduce_mean(h, [1, 2]), variable(
+            "w", rng.randn(16, 5))) * rng.randn(4, 5).astype(np.float32))], xs, {}
+
+    plan, _ = compare(*build(), rebuild=build, checkpoints=checkpoints)
     assert plan.recomputed
 
 
@@ -400,3 +429,67 @@ def test_no_checkpoint_splits_a_merged_matmul_bias_and_tanh(graph, checkpoints):
     plan, _ = compare([tf.reduce_sum(tf.square(h))], xs, {}, checkpoints=checkpoints)
     assert plan.recomputed and plan.checkpoints
     assert all(t.startswith("Tanh") for t in plan.checkpoints), plan.checkpoints
+
+
+def test_a_bias_gradient_runs_beside_its_filter_gradient(graph):
+    # Two convolutions with biases, a mean and a dense layer, all recomputed: the last
+    # convolution's filter gradient waits for the first's recomputed output, which the
+    # plan makes after the first's backward pass, and the chain ran the bias gradient
+    # (and its reshapes) long before it. Merged, the pair would have waited for itself,
+    # so oneDNN's filter-and-bias kernel was refused and the bias gradient summed apart.
+    # A bias gradient moves beside its filter gradient with the ops that read it.
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(4, 16, 16, 8).astype(np.float32))
+    shapes = {"k1": (3, 3, 8, 8), "b1": (8,), "k2": (1, 1, 8, 8), "b2": (8,), "w": (8, 4)}
+    v = {name: tf.compat.v1.get_variable(name, initializer=(0.3 * rng.randn(*shape)).astype(
+        np.float32)) for name, shape in shapes.items()}
+    h = tf.nn.bias_add(tf.nn.conv2d(tf.nn.relu(x), v["k1"], 1, "SAME"),
+                       tf.squeeze(tf.reshape(v["b1"], (1, 1, 1, 8))))
+    h = tf.nn.bias_add(tf.nn.conv2d(h, v["k2"], 1, "VALID"),
+                       tf.squeeze(tf.reshape(v["b2"], (1, 1, 1, 8))))
+    y = tf.reduce_sum(tf.matmul(tf.reduce_mean(h, [1, 2]), v["w"])
+                      * rng.randn(4, 4).astype(np.float32))
+    plan, _ = compare([y], list(v.values()), {}, checkpoints=[])
+    assert plan.recomputed
+
+
+def test_a_recomputed_sum_waits_for_no_read_of_its_operand(graph):
+    # A NASNet-like cell: a = bn(conv) read by two sums, s = a + bn(conv') and
+    # avgpool(s) + a; relu(s) recomputed. The copy of a, read once, gets a second reader
+    # as in plain backprop, and the copy of s waited for it by a control edge; Grappler
+    # regroups no sum a control edge touches, so s's copy added as written where the
+    # forward s was regrouped with bn(conv')'s sum: relu(s)'s weight gradient apart.
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(4, 8, 8, 8).astype(np.float32))
+    v = {name: tf.compat.v1.get_variable(name, initializer=(0.3 * rng.randn(*shape)).astype(
+        np.float32)) for name, shape in (("k0", (3, 3, 8, 8)), ("k1", (3, 3, 8, 8)),
+                                         ("k2", (3, 3, 8, 8)), ("k3", (3, 3, 8, 8)),
+                                         ("g1", (8,)), ("o1", (8,)), ("g2", (8,)),
+                                         ("o2", (8,)))}
+    h = tf.nn.relu(tf.nn.conv2d(x, v["k0"], 1, "SAME"))
+    a = tf.nn.conv2d(h, v["k1"], 1, "SAME") * v["g1"] + v["o1"]
+    s = a + (tf.nn.conv2d(h, v["k2"], 1, "SAME") * v["g2"] + v["o2"])
+    u = tf.nn.avg_pool2d(s, 3, 1, "SAME") + a
+    y = tf.reduce_sum(tf.tanh(tf.concat([u, tf.nn.conv2d(tf.nn.relu(s), v["k3"], 1, "SAME")], 3))
+                      * rng.randn(4, 8, 8, 16).astype(np.float32))
+    plan, info = compare([y], list(v.values()), {}, checkpoints=[h, u])
+    assert plan.recomputed and info.anchored
+
+
+def test_a_gradient_tensorflow_prunes_is_no_reader(graph):
+    # A hard swish scaled by a dropout's constant: tf.gradients builds the constant's
+    # gradient, which reads the hard swish, and TensorFlow prunes it before Grappler
+    # regroups the products. Counted as a reader, the rewrite gave the kept hard swish
+    # a second reader that plain backprop does not have (the copy of the scaled product
+    # read it), so the forward product was not regrouped as plain's: the next layer's
+    # weight gradient apart. The checkpoint moves to the scaled product.
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(16, 32).astype(np.float32))
+    v = {name: tf.compat.v1.get_variable(name, initializer=(0.3 * rng.randn(*shape)).astype(
+        np.float32)) for name, shape in (("w1", (32, 64)), ("b1", (64,)), ("w2", (64, 10)))}
+    h = tf.nn.bias_add(tf.matmul(x, v["w1"]), v["b1"])
+    swish = h * (tf.nn.relu6(h + 3.0) / 6.0)
+    y = tf.reduce_sum(tf.matmul(swish * tf.constant(1.25), v["w2"])
+                      * rng.randn(16, 10).astype(np.float32))
+    plan, _ = compare([y], list(v.values()), {}, checkpoints=[swish])
+    assert plan.recomputed
