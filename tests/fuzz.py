@@ -46,6 +46,10 @@ def parse_args(argv):
     parser.add_argument("--settings", default="all",
                         help="'all' or comma-separated names: "
                              + ", ".join(s.name for s in fuzzing.SETTINGS))
+    parser.add_argument("--vocabulary", choices=sorted(randomgraphs.VOCABULARIES),
+                        default="all", help="op families: 'classic' leaves out the "
+                        "activations and norms of MODERN_FAMILIES (each seed draws the "
+                        "program it always drew)")
     parser.add_argument("--size", type=int, default=16,
                         help="generation steps per program, at most")
     parser.add_argument("--out", default=os.path.join("results", "fuzz"), help="output folder")
@@ -85,7 +89,7 @@ def run(args, settings):
     rows = []
     progress = Progress(args.graphs)
     for seed in range(args.seed, args.seed + args.graphs):
-        program = randomgraphs.generate(seed, size=args.size)
+        program = randomgraphs.generate(seed, size=args.size, vocabulary=args.vocabulary)
         verdicts = [fuzzing.judge(program, setting) for setting in settings]
         rows += [(seed, program, v) for v in verdicts]
         progress.step(sum(not v.ok for v in verdicts))

@@ -90,6 +90,16 @@ TEMPLATES = {
     "while_loop": ("{out} = tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, tf.tanh(v)),"
                    " [0, {0}])[1]"),
     "custom_sin": "{out} = custom_sin({0})",
+    # the activations and normalizations of today's models, each a small tree of sums and
+    # products Grappler regroups or oneDNN merges into one kernel
+    "silu": "{out} = tf.nn.silu({0})",
+    "gelu": "{out} = tf.nn.gelu({0}, approximate={p[approximate]})",
+    "hard_swish": "{out} = {0} * tf.nn.relu6({0} + 3.0) / 6.0",
+    "scale": "{out} = {0} * {p[factor]}",
+    "softmax": "{out} = tf.nn.softmax({0})",
+    "layer_norm": ("{out} = tf.nn.batch_normalization({0}, *tf.nn.moments({0}, [-1], "
+                   "keepdims=True), None, None, 1e-3)"),
+    "avg_pool": "{out} = tf.nn.avg_pool2d({0}, 3, 1, 'SAME')",
 }
 
 # Defines ``data``, the deterministic initial values of placeholders, variables, constants.
@@ -225,8 +235,9 @@ class Program:
 
     def uncopyable(self):
         """Why ome cannot plan this program's gradients on a copy of its graph ("" when it
-        can; README, Limits): a gradient function of the graph's own."""
-        if "custom_sin" in {op.family for op in self.ops}:
+        can; README, Limits): a gradient function of the graph's own (``tf.nn.silu``'s is
+        a ``tf.custom_gradient`` too)."""
+        if {"custom_sin", "silu"} & {op.family for op in self.ops}:
             return "a gradient function of its own"
         return ""
 
@@ -281,6 +292,7 @@ import numpy as np
 import tensorflow as tf
 
 import ome
+from ome import CostModel  # noqa: F401 (settings with costs name it)
 
 ome.host.emulate_host()  # /device:CPU:1 plays the host that swapped tensors go to
 tf.compat.v1.disable_eager_execution()
@@ -437,8 +449,9 @@ def _f32(value):
 
 # The magnitude of a unary op's output from its input's, and the largest input allowed.
 _UNARY_SCALE = {"tanh": lambda s: 1.0, "sigmoid": lambda s: 1.0, "sin": lambda s: 1.0,
-                "relu": lambda s: s, "exp": math.exp, "square": lambda s: s * s}
-_UNARY_LIMIT = {"exp": 3.0, "square": 8.0}
+                "relu": lambda s: s, "exp": math.exp, "square": lambda s: s * s,
+                "silu": lambda s: s, "hard_swish": lambda s: s * (s + 3) / 6}
+_UNARY_LIMIT = {"exp": 3.0, "square": 8.0, "hard_swish": 8.0}
 
 
 def _unary(family):
@@ -734,6 +747,48 @@ def _same_shape(family, scale=None, seeded=False):
     return make
 
 
+def _gelu(b):
+    x = b.pick_float()
+    if x is None:
+        return False
+    v = b.values[x]
+    b.add_one("gelu", [x], Value(v.shape, v.dtype, v.scale), approximate=b.ch.chance(50))
+    return True
+
+
+def _scale(b):
+    """A product by a constant scalar (a dropout's or attention's scale)."""
+    x = b.pick_float()
+    if x is None:
+        return False
+    v = b.values[x]
+    factor = b.ch.choice((1.25, 0.125))
+    b.add_one("scale", [x], Value(v.shape, v.dtype, v.scale * factor), factor=factor)
+    return True
+
+
+def _last_axis(family, scale):
+    """One op of ``family`` over the last axis (of 2 or more entries), output of its
+    input's shape and magnitude ``scale``."""
+    def make(b):
+        x = b.pick_float(lambda v: v.rank >= 1 and v.shape[-1] >= 2)
+        if x is None:
+            return False
+        v = b.values[x]
+        b.add_one(family, [x], Value(v.shape, v.dtype, scale))
+        return True
+    return make
+
+
+def _avg_pool(b):
+    x = b.pick_float(lambda v: v.rank == 4 and _f32(v))
+    if x is None:
+        return False
+    v = b.values[x]
+    b.add_one("avg_pool", [x], Value(v.shape, v.dtype, v.scale))
+    return True
+
+
 def _chain(b):
     """Two to six bounded elementwise ops in a row: activations backprop keeps, so
     recomputing them pays and the policies and budgets rewrite the graph."""
@@ -766,9 +821,21 @@ FAMILIES = {
     # sin by tf.custom_gradient, whose gradient function reads its input by closure
     "custom_sin": _same_shape("custom_sin", 1.0),
 }
+# Today's activations and normalizations, each a small tree of sums and products that
+# Grappler regroups or oneDNN merges into one kernel. Kept apart from FAMILIES so that a
+# seed of the classic vocabulary draws the program it always drew.
+MODERN_FAMILIES = {
+    "silu": _unary("silu"), "gelu": _gelu, "hard_swish": _unary("hard_swish"),
+    "scale": _scale, "softmax": _last_axis("softmax", 1.0),
+    "layer_norm": _last_axis("layer_norm", 4.0), "avg_pool": _avg_pool,
+}
 # How often each is tried, relative to 1 (the heavy ops and chains make the memory).
-_WEIGHTS = {"matmul": 4, "conv2d": 4, "chain": 3, "batch_norm": 2, "relu": 2, "add": 2}
-_MAKERS = [make for name, make in FAMILIES.items() for _ in range(_WEIGHTS.get(name, 1))]
+_WEIGHTS = {"matmul": 4, "conv2d": 4, "chain": 3, "batch_norm": 2, "relu": 2, "add": 2,
+            "silu": 2, "gelu": 2, "scale": 2, "layer_norm": 2}
+VOCABULARIES = {"classic": FAMILIES, "all": {**FAMILIES, **MODERN_FAMILIES}}
+_MAKERS = {vocabulary: [make for name, make in families.items()
+                        for _ in range(_WEIGHTS.get(name, 1))]
+           for vocabulary, families in VOCABULARIES.items()}
 
 
 def _inputs(b):
@@ -856,9 +923,9 @@ def _interior(b, ys, xs):
     return [i for i in sorted(between - set(ys)) if b.values[i].is_float]
 
 
-def draw_program(chooser, size=16, seed=None):
-    """A :class:`Program` of up to ``size`` generation steps, every decision from
-    ``chooser``."""
+def draw_program(chooser, size=16, seed=None, vocabulary="all"):
+    """A :class:`Program` of up to ``size`` generation steps of the op families of
+    :data:`VOCABULARIES` ``[vocabulary]``, every decision from ``chooser``."""
     b = _Builder(chooser)
     _inputs(b)
     _unary("tanh")(b)  # at least one op
@@ -866,7 +933,7 @@ def draw_program(chooser, size=16, seed=None):
     # "Another step?" before each one: hypothesis shrinks a program by dropping steps.
     while steps < size and attempts < 20 * size and b.ch.chance(95):
         attempts += 1
-        steps += b.ch.choice(_MAKERS)(b)
+        steps += b.ch.choice(_MAKERS[vocabulary])(b)
     ys = _ys(b)
     grad_ys = _grad_ys(b, ys)
     xs = _xs(b, ys, exclude=set(g for g in grad_ys or () if g is not None))
@@ -897,9 +964,9 @@ def _integer_y(b, ys, grad_ys):
         grad_ys.append(b.leaf((), "int32", kind="constant") if b.ch.chance(50) else None)
 
 
-def generate(seed, size=16):
+def generate(seed, size=16, vocabulary="all"):
     """The program of ``seed`` (the same on every run and machine)."""
-    return draw_program(SeededChooser(seed), size=size, seed=seed)
+    return draw_program(SeededChooser(seed), size=size, seed=seed, vocabulary=vocabulary)
 
 
 def programs(size=16):

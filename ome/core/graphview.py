@@ -102,6 +102,7 @@ class GraphView:
         position.update({op: len(self.forward) + i for i, op in enumerate(self.backward)})
         self.position: Mapping[str, int] = MappingProxyType(position)
         self.consumers: Mapping[str, Tuple[str, ...]] = MappingProxyType(self._consumers())
+        self.unneeded = self._unneeded()
         self.main = self._main_backward()
         self.region = self._region()
         self.maybe_dead = self._maybe_dead()
@@ -154,6 +155,24 @@ class GraphView:
                 main.add(name)
         return frozenset(main)
 
+    def _unneeded(self):
+        """Backward ops no gradient needs (``tf.gradients`` builds the gradient of a
+        constant factor, of an integer input): TensorFlow prunes them from the step, so
+        they read nothing, in plain backprop or in a rewrite. Data edges only: an op
+        needed through control edges alone (``gate_gradients``' grouping of a constant's
+        gradient with its sibling's) is pruned too once Grappler drops those edges."""
+        backward = set(self.backward)
+        stack = [self.tensors[g].op for g in self.grads if g]
+        needed = set()
+        while stack:
+            name = stack.pop()
+            if name in needed or name not in backward:
+                continue
+            needed.add(name)
+            op = self.ops[name]
+            stack += [self.tensors[t].op for t in op.inputs]
+        return frozenset(backward - needed)
+
     def _maybe_dead(self):
         """Ops that may not run in a step: those inside a TF1 ``tf.cond`` branch or
         ``tf.while_loop`` body, and those downstream of them or of a ``Switch`` (forward
@@ -200,9 +219,10 @@ class GraphView:
         return info is not None and not self.ops[info.op].backward
 
     def value_readers(self, name):
-        """Backward ops that read tensor ``name``'s value (not only its shape)."""
-        return tuple(c for c in self.consumers[name]
-                     if self.ops[c].backward and self.ops[c].type not in SHAPE_READERS)
+        """Backward ops that read tensor ``name``'s value (not only its shape), of those
+        that run (not :attr:`unneeded`)."""
+        return tuple(c for c in self.consumers[name] if self.ops[c].backward and
+                     self.ops[c].type not in SHAPE_READERS and c not in self.unneeded)
 
     def forward_consumers(self, name):
         return tuple(c for c in self.consumers[name] if not self.ops[c].backward)

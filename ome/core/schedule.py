@@ -136,6 +136,9 @@ def _forced_keep(view):
             # a copy to the host would be dead with it, and so would what waits for it
             found[t] = "made in a TF1 tf.cond branch or loop, which may not run"
             continue
+        if view.tensors[t].shape is None:  # a FusedBatchNorm's reserve space
+            found[t] = "its rank is unknown: no size to plan a copy with"
+            continue
         for reader in view.value_readers(t):
             if not view.ops[reader].reroutable:
                 found[t] = f"read by {reader} inside a TF1 loop or cond"
@@ -207,12 +210,6 @@ def unfetched(view, sched):
         needed.add(name)
         stack += [*_parents(view, name), *deferred.get(name, ())]
     return backward - needed
-
-
-def pruned_in_plain(view):
-    """The backward ops TensorFlow prunes from plain backprop's step (:func:`unfetched`
-    with nothing rewritten): they read nothing, before Grappler regroups or merges."""
-    return view.derived(("pruned_in_plain",), lambda: frozenset(unfetched(view, Schedule())))
 
 
 def backward_leaves(view):
@@ -646,7 +643,7 @@ def whole_merges(view, decisions):
         if decisions.get(t, Decision.KEEP) == Decision.RECOMPUTE:
             continue
         info = view.tensors[t]
-        readers = [r for r in view.consumers[t] if r not in pruned_in_plain(view)]
+        readers = [r for r in view.consumers[t] if r not in view.unneeded]
         if len(readers) != 1:
             continue
         outputs = view.ops[readers[0]].outputs
@@ -686,7 +683,10 @@ def _fence(view, tensor):
     """The first forward op downstream of ``tensor``'s producer that does not read it and
     can take a control input (a recomputable op: outside TF1 loops and conds); "" if none
     within ``FENCE_WINDOW`` ops. Downstream, so waiting for the copy makes no cycle; not a
-    reader, so the copy overlaps the next op."""
+    reader, so the copy overlaps the next op. Not a sum or product Grappler regroups, nor
+    an op passing or reading a tensor inside a merged kernel: a wait there would split
+    the tree or the kernel, and the forward pass would round apart from plain's (a hard
+    swish's ``(x * relu6(x + 3)) / 6`` after its swapped ``relu6``)."""
     producer = view.tensors[tensor].op
     downstream = {producer}
     start = view.position[producer] + 1
@@ -695,7 +695,9 @@ def _fence(view, tensor):
         if not any(view.tensors[t].op in downstream for t in info.inputs):
             continue
         downstream.add(op)
-        if info.recomputable and tensor not in info.inputs and op not in view.maybe_dead:
+        if info.recomputable and tensor not in info.inputs and op not in view.maybe_dead \
+                and not regrouped(view, op) and not any(
+                    view.tensors[t].merged for t in (*info.inputs, *info.outputs)):
             return op
     return ""
 
@@ -855,7 +857,8 @@ def with_leaf_waits(view, sched, recomputed):
     position = {node: i for i, node in enumerate(order)}
     starts = sorted((position[("group", i)], i) for i in range(len(groups)))
     waits = [[] for _ in groups]
-    leaves = backward_leaves(view) - view.maybe_dead
+    # not an unneeded leaf: a wait would make it run (the gradient of a GELU's exponent)
+    leaves = backward_leaves(view) - view.maybe_dead - view.unneeded
     for name in filter(leaves.__contains__, view.backward):
         later = bisect.bisect(starts, (position[name], len(groups)))
         if later < len(starts):

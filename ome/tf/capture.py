@@ -242,8 +242,9 @@ def _acyclic_inputs(op):
 
 
 def _unneeded(backward, grads):
-    """The ops of ``backward`` no gradient of ``grads`` needs (the gradient of a constant
-    factor): TensorFlow prunes them from the step before Grappler runs."""
+    """The ops of ``backward`` no gradient of ``grads`` needs by data edges (the gradient
+    of a constant factor): TensorFlow prunes them from the step
+    (:attr:`ome.core.graphview.GraphView.unneeded`)."""
     stack = [t.op for g in grads if g is not None
              for t in tf.nest.flatten(g, expand_composites=True)]
     needed = set()
@@ -252,7 +253,7 @@ def _unneeded(backward, grads):
         if op in needed or op not in backward:
             continue
         needed.add(op)
-        stack += [t.op for t in op.inputs] + list(op.control_inputs)
+        stack += [t.op for t in op.inputs]
     return {op.name for op in backward - needed}
 
 

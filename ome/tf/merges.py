@@ -15,11 +15,11 @@ MERGED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Si
 
 # The ops of a tree Grappler regroups (the arithmetic optimizer's sum rewriting, broadcast
 # minimizing and factor hoisting, constant folding's push-down) through an operand the
-# tree alone reads, never through one read elsewhere too: the sums and products the
-# schedule leaves free, less powers (a power's operand is no tree's), and subtractions
-# and divisions, whatever their operands, since a tree's node may be one whose constant
+# tree alone reads, never through one read elsewhere too: the sums, products and powers
+# (``x**3`` becomes ``Square(x) * x``) the schedule leaves free, and subtractions and
+# divisions, whatever their operands, since a tree's node may be one whose constant
 # operand is another tree's output.
-GROUPED_OPS = (schedule.REGROUPED_OPS - {"Pow"}) | schedule.CONSTANT_REGROUPED_OPS
+GROUPED_OPS = schedule.REGROUPED_OPS | schedule.CONSTANT_REGROUPED_OPS
 
 
 def merged_pairs(graph):

@@ -382,7 +382,7 @@ def _read_as_in_plain(graph, view, copies):
     op that a control edge touches). Backward
     ops no gradient needs are no readers: TensorFlow prunes them before it regroups
     (the gradient of a dropout's constant scale). Returns how many."""
-    pruned = schedule_mod.pruned_in_plain(view)
+    pruned = view.unneeded
     merged_ops = None  # names of the ops merged into kernels: the walk passes them
     anchored = 0
     for name in view.forward:

@@ -66,6 +66,12 @@ def test_backward_ops_no_gradient_needs_are_pruned_as_tensorflow_prunes_them():
     recompute = plan_of(dead, {"b:0": Decision.RECOMPUTE})
     assert recompute.schedule.groups[0].after == "g_c"
     assert "g_c" not in schedule.unfetched(dead, recompute.schedule)
+    # and it reads no saved tensor: a copy of c made for it would be a second reader that
+    # plain backprop does not have
+    assert dead.unneeded == {"unused"}
+    assert dead.value_readers("c:0") == ("g_c",)
+    assert "unused" not in {r for r, _ in plan_of(dead, {"c:0": Decision.RECOMPUTE})
+                            .schedule.reroutes}
 
 
 def _peak(op_type, inputs, read_later):
