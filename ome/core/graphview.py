@@ -33,6 +33,19 @@ LOOP_EXITS = frozenset({"Exit", "RefExit"})
 DEADNESS_ENDS = frozenset({"Merge", "RefMerge"}) | LOOP_EXITS
 
 
+def unreached(nodes, starts, parents):
+    """The members of ``nodes`` that no walk up ``parents(node)`` from ``starts`` reaches,
+    the walk staying within ``nodes``."""
+    nodes, reached, stack = set(nodes), set(), list(starts)
+    while stack:
+        node = stack.pop()
+        if node in reached or node not in nodes:
+            continue
+        reached.add(node)
+        stack += parents(node)
+    return nodes - reached
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor: its producer, static shape, bytes (None when unknown)."""
@@ -161,17 +174,9 @@ class GraphView:
         they read nothing, in plain backprop or in a rewrite. Data edges only: an op
         needed through control edges alone (``gate_gradients``' grouping of a constant's
         gradient with its sibling's) is pruned too once Grappler drops those edges."""
-        backward = set(self.backward)
-        stack = [self.tensors[g].op for g in self.grads if g]
-        needed = set()
-        while stack:
-            name = stack.pop()
-            if name in needed or name not in backward:
-                continue
-            needed.add(name)
-            op = self.ops[name]
-            stack += [self.tensors[t].op for t in op.inputs]
-        return frozenset(backward - needed)
+        return frozenset(unreached(self.backward, [self.tensors[g].op for g in self.grads if g],
+                                   lambda name: [self.tensors[t].op
+                                                 for t in self.ops[name].inputs]))
 
     def _maybe_dead(self):
         """Ops that may not run in a step: those inside a TF1 ``tf.cond`` branch or

@@ -29,6 +29,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import networkx as nx
 
 from ome import errors
+from ome.core.graphview import unreached
 
 log = logging.getLogger(__name__)
 
@@ -194,22 +195,15 @@ def unfetched(view, sched):
     they never run. Needed: the gradients' producers and the ops the schedule wires things
     after (recompute groups' and swap-ins' anchors, triggers and waits; held gradients'
     waits), and everything they depend on by data or control edges, or by a deferral."""
-    backward = set(view.backward)
     deferred = dict(sched.deferred)
-    stack = [view.tensors[g].op for g in view.grads if g]
+    starts = [view.tensors[g].op for g in view.grads if g]
     for group in sched.groups:
-        stack += [group.after, *group.triggers, *group.waits]
+        starts += [group.after, *group.triggers, *group.waits]
     for swap in sched.swaps:
-        stack += [swap.after, *swap.triggers]
-    stack += [op for _, ops in sched.holds for op in ops]
-    needed = set()
-    while stack:
-        name = stack.pop()
-        if name in needed or name not in backward:
-            continue
-        needed.add(name)
-        stack += [*_parents(view, name), *deferred.get(name, ())]
-    return backward - needed
+        starts += [swap.after, *swap.triggers]
+    starts += [op for _, ops in sched.holds for op in ops]
+    return unreached(view.backward, starts,
+                     lambda name: [*_parents(view, name), *deferred.get(name, ())])
 
 
 def backward_leaves(view):

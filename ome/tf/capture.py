@@ -8,7 +8,7 @@ import math
 import networkx as nx
 import tensorflow as tf
 
-from ome.core.graphview import GraphView, OpInfo, TensorInfo
+from ome.core.graphview import GraphView, OpInfo, TensorInfo, unreached
 from ome.errors import InvalidArgumentError
 from ome.tf import merges, tfprivate
 
@@ -245,16 +245,10 @@ def _unneeded(backward, grads):
     """The ops of ``backward`` no gradient of ``grads`` needs by data edges (the gradient
     of a constant factor): TensorFlow prunes them from the step
     (:attr:`ome.core.graphview.GraphView.unneeded`)."""
-    stack = [t.op for g in grads if g is not None
-             for t in tf.nest.flatten(g, expand_composites=True)]
-    needed = set()
-    while stack:
-        op = stack.pop()
-        if op in needed or op not in backward:
-            continue
-        needed.add(op)
-        stack += [t.op for t in op.inputs]
-    return {op.name for op in backward - needed}
+    starts = [t.op for g in grads if g is not None
+              for t in tf.nest.flatten(g, expand_composites=True)]
+    return {op.name for op in unreached(backward, starts,
+                                        lambda op: [t.op for t in op.inputs])}
 
 
 def _grad_name(grad):
