@@ -721,72 +721,44 @@ def _transpose(b):
     return True
 
 
-def _dropout(b):
-    x = b.pick_float()
-    if x is None:
-        return False
-    v = b.values[x]
-    rate = b.ch.choice((0.5, 0.2))
-    b.add_one("dropout", [x], Value(v.shape, v.dtype, v.scale / (1 - rate)),
-              rate=rate, seed=len(b.values))
-    return True
+def _shape_kept(family, accept=None, params=None, scale=None):
+    """One op of ``family`` on a float value ``accept`` takes (any by default), its output
+    of the input's shape: parameters ``params(builder)`` drawn after the input, magnitude
+    ``scale(input, parameters)`` (the input's by default)."""
+    def make(b):
+        x = b.pick_float() if accept is None else b.pick_float(accept)
+        if x is None:
+            return False
+        v = b.values[x]
+        p = params(b) if params else {}
+        b.add_one(family, [x], Value(v.shape, v.dtype, v.scale if scale is None
+                                     else scale(v, p)), **p)
+        return True
+    return make
 
 
 def _same_shape(family, scale=None, seeded=False):
     """One op of ``family`` whose output has its input's shape and magnitude (or
     ``scale``); ``seeded``: with a ``seed`` parameter of its own."""
-    def make(b):
-        x = b.pick_float()
-        if x is None:
-            return False
-        v = b.values[x]
-        params = {"seed": len(b.values)} if seeded else {}
-        b.add_one(family, [x], Value(v.shape, v.dtype, v.scale if scale is None else scale),
-                  **params)
-        return True
-    return make
+    return _shape_kept(family, params=(lambda b: {"seed": len(b.values)}) if seeded else None,
+                       scale=None if scale is None else lambda v, p: scale)
 
 
-def _gelu(b):
-    x = b.pick_float()
-    if x is None:
-        return False
-    v = b.values[x]
-    b.add_one("gelu", [x], Value(v.shape, v.dtype, v.scale), approximate=b.ch.chance(50))
-    return True
-
-
-def _scale(b):
-    """A product by a constant scalar (a dropout's or attention's scale)."""
-    x = b.pick_float()
-    if x is None:
-        return False
-    v = b.values[x]
-    factor = b.ch.choice((1.25, 0.125))
-    b.add_one("scale", [x], Value(v.shape, v.dtype, v.scale * factor), factor=factor)
-    return True
+_dropout = _shape_kept(
+    "dropout", params=lambda b: {"rate": b.ch.choice((0.5, 0.2)), "seed": len(b.values)},
+    scale=lambda v, p: v.scale / (1 - p["rate"]))
+_gelu = _shape_kept("gelu", params=lambda b: {"approximate": b.ch.chance(50)})
+# a product by a constant scalar (a dropout's or attention's scale)
+_scale = _shape_kept("scale", params=lambda b: {"factor": b.ch.choice((1.25, 0.125))},
+                     scale=lambda v, p: v.scale * p["factor"])
+_avg_pool = _shape_kept("avg_pool", accept=lambda v: v.rank == 4 and _f32(v))
 
 
 def _last_axis(family, scale):
     """One op of ``family`` over the last axis (of 2 or more entries), output of its
     input's shape and magnitude ``scale``."""
-    def make(b):
-        x = b.pick_float(lambda v: v.rank >= 1 and v.shape[-1] >= 2)
-        if x is None:
-            return False
-        v = b.values[x]
-        b.add_one(family, [x], Value(v.shape, v.dtype, scale))
-        return True
-    return make
-
-
-def _avg_pool(b):
-    x = b.pick_float(lambda v: v.rank == 4 and _f32(v))
-    if x is None:
-        return False
-    v = b.values[x]
-    b.add_one("avg_pool", [x], Value(v.shape, v.dtype, v.scale))
-    return True
+    return _shape_kept(family, accept=lambda v: v.rank >= 1 and v.shape[-1] >= 2,
+                       scale=lambda v, p: scale)
 
 
 def _chain(b):
