@@ -379,9 +379,9 @@ def _read_as_in_plain(graph, view, copies):
     * 0.5) * x``). A protected identity reads it as well; it runs as soon as the tensor
     is made, and the first op after it that is no sum or product, nor merged into a
     kernel, waits for it, so that it runs at all (Grappler regroups no sum and merges no
-    op that a control edge touches). Backward
-    ops no gradient needs are no readers: TensorFlow prunes them before it regroups
-    (the gradient of a dropout's constant scale). Returns how many."""
+    op that a control edge touches). Backward ops no gradient needs are no readers:
+    TensorFlow prunes them before it regroups (the gradient of a dropout's constant
+    scale). Returns how many."""
     pruned = view.unneeded
     merged_ops = None  # names of the ops merged into kernels: the walk passes them
     anchored = 0
