@@ -313,8 +313,12 @@ CONSTANT_REGROUPED_OPS = frozenset({"Sub", "RealDiv", "Div"})
 
 def regrouped(view, name):
     """Whether Grappler may regroup op ``name`` with its operands' producers: a sum or a
-    product (:data:`REGROUPED_OPS`), or a subtraction or division with a constant operand."""
+    product (:data:`REGROUPED_OPS`), a subtraction or division with a constant operand,
+    or an identity of one (``gate_gradients``' tuples: Grappler removes the identity and
+    hands its control edges to the op it passes on)."""
     op = view.ops[name]
+    if op.type == "Identity" and op.inputs:
+        return regrouped(view, view.tensors[op.inputs[0]].op)
     return op.type in REGROUPED_OPS or op.type in CONSTANT_REGROUPED_OPS and any(
         view.ops[view.tensors[t].op].type in CONSTANT_OPS for t in op.inputs)
 
@@ -326,9 +330,11 @@ def enforced_order(view, sched, reads):
     swap-ins and the main backward ops (:attr:`GraphView.main`). Left unchained: ops in
     TF1 loops and conds (an edge into their frame is invalid), ops with no input that can
     wait (only resource or reference inputs), backward ops off the gradient flow (shapes,
-    constants, ``2 * x``: a wait would keep Grappler from folding them) and the sums and
-    products, backprop's and recomputed ones (:data:`REGROUPED_OPS`); they run when their
-    inputs are ready, as replayed.
+    constants, ``2 * x``: a wait would keep Grappler from folding them), backward ops no
+    gradient needs (:attr:`GraphView.unneeded`: ``gate_gradients``' control edges reach
+    them, and a wait for one would make TensorFlow run it and what it reads) and the sums
+    and products, backprop's and recomputed ones (:data:`REGROUPED_OPS`); they run when
+    their inputs are ready, as replayed.
     ``reads``: :func:`event_reads` for the same schedule."""
     def chained(kind, name):
         if kind in ("swap_in", "swap_out"):
@@ -391,7 +397,7 @@ def chained_op(view, name, *, copy=False):
     op = view.ops[name]
     if regrouped(view, name) or _merged_into_free(view, op) or not copy and (
             name not in view.main or not op.reroutable or name in view.maybe_dead
-            or name in foldable_ops(view)):
+            or name in foldable_ops(view) or name in view.unneeded):
         return False
     return any(can_wait(view, t) for t in op.inputs)
 
@@ -399,11 +405,14 @@ def chained_op(view, name, *, copy=False):
 def _merged_into_free(view, op):
     """Whether ``op`` passes its outputs inside a merged kernel to ops the chain leaves
     free (the sigmoid of ``x * sigmoid(x)``, which oneDNN merges with its product): a wait
-    for the op would stand between its input and the product's, splitting the kernel."""
-    return bool(op.outputs) and all(
-        view.tensors[t].merged and view.consumers[t]
-        and all(regrouped(view, r) for r in view.consumers[t])
-        for t in op.outputs)
+    for the op would stand between its input and the product's, splitting the kernel.
+    Outputs nothing reads (the inputs ``tf.custom_gradient``'s IdentityN passes on) do
+    not count."""
+    read = [t for t in op.outputs if set(view.consumers[t]) - view.unneeded]
+    return bool(read) and all(
+        view.tensors[t].merged and all(regrouped(view, r) for r in view.consumers[t]
+                                       if r not in view.unneeded)
+        for t in read)
 
 
 # Ops Grappler folds into a constant: their value follows from constants and static shapes.

@@ -8,6 +8,7 @@ then rounds apart from plain TensorFlow's.
 import tensorflow as tf
 
 from ome.core import schedule
+from ome.tf import tfprivate
 
 
 # Activations Grappler's remapper merges into a convolution or matmul with its bias.
@@ -20,6 +21,17 @@ MERGED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Si
 # divisions, whatever their operands, since a tree's node may be one whose constant
 # operand is another tree's output.
 GROUPED_OPS = schedule.REGROUPED_OPS | schedule.CONSTANT_REGROUPED_OPS
+
+# Ops passing their inputs on as they are, which Grappler removes before it regroups
+# (``tf.custom_gradient``'s IdentityN in graph mode: ``tf.nn.silu``'s output).
+_IDENTITY_OPS = frozenset({"Identity", "IdentityN"})
+
+
+def _dead_identity(op):
+    """Whether ``op`` is an identity nothing reads (``tf.custom_gradient`` leaves one of
+    its output in graph mode), which Grappler prunes."""
+    return op.type in _IDENTITY_OPS and not tfprivate.control_outputs(op) and not any(
+        t.consumers() for t in op.outputs)
 
 
 def merged_pairs(graph):
@@ -101,22 +113,27 @@ def merged_tensors(graph, pruned=frozenset()):
     """Names of the tensors passed inside a merged kernel (an output one of
     :func:`merged_pairs` reads from its partner, read by nothing else), or inside a tree
     of :data:`GROUPED_OPS` (a sum's operand only another sum reads: a batch norm's output
-    in a residual sum): a second reader would split the kernel, or keep Grappler from
-    regrouping the tree as it does in ``tf.gradients``' graph. Ops named in ``pruned``
-    (backward ops no gradient needs, which TensorFlow prunes first) read nothing."""
+    in a residual sum; identities between the two count as none): a second reader would
+    split the kernel, or keep Grappler from regrouping the tree as it does in
+    ``tf.gradients``' graph. Ops named in ``pruned`` (backward ops no gradient needs,
+    which TensorFlow prunes first) and identities nothing reads read nothing."""
     def readers_of(tensor):
         return {reader.name: reader for reader in tensor.consumers()
-                if reader.name not in pruned}
+                if reader.name not in pruned and not _dead_identity(reader)}
 
     found = set()
     for op, i, partner in merged_pairs(graph):
         tensor = op.inputs[i]
         if tensor.op is partner and list(readers_of(tensor)) == [op.name]:
             found.add(tensor.name)
-    for op in graph.get_operations():
-        if op.type in GROUPED_OPS:
-            for tensor in op.outputs:
-                readers = readers_of(tensor)
-                if len(readers) == 1 and next(iter(readers.values())).type in GROUPED_OPS:
-                    found.add(tensor.name)
+    for op in (op for op in graph.get_operations() if op.type in GROUPED_OPS):
+        for tensor in op.outputs:
+            passed = [tensor]  # the tensor and its identities, which Grappler removes
+            readers = list(readers_of(tensor).values())
+            while len(readers) == 1 and readers[0].type in _IDENTITY_OPS:
+                index = [t.name for t in readers[0].inputs].index(passed[-1].name)
+                passed.append(readers[0].outputs[index])
+                readers = list(readers_of(passed[-1]).values())
+            if len(readers) == 1 and readers[0].type in GROUPED_OPS:
+                found.update(t.name for t in passed)
     return found

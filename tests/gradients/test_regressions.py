@@ -13,6 +13,8 @@ from ome import errors
 from ome.tf import merges, rewrite, standins, tfprivate
 
 RNG = np.random.RandomState(0)
+# tf.gradients' own options, given to both sides
+TF_OPTIONS = ("gate_gradients", "aggregation_method")
 
 
 def compare(ys, xs, feed, rebuild=None, **options):
@@ -21,7 +23,8 @@ def compare(ys, xs, feed, rebuild=None, **options):
     values from the same variable values and feed, None in the same places; the plan.
     tf.gradients' graph is a copy of ``ys``' graph, or where that holds a custom gradient
     (a Python function bound to the first graph's tensors) what ``rebuild()`` builds and
-    returns as ``(ys, xs, feed)``."""
+    returns as ``(ys, xs, feed)``. ``tf.gradients``' own options in ``options``
+    (:data:`TF_OPTIONS`) go to both sides."""
     graph = ys[0].graph
     plain = tf.Graph()
     with plain.as_default():
@@ -32,7 +35,8 @@ def compare(ys, xs, feed, rebuild=None, **options):
                                               for ts in (ys, xs, feed))
         else:
             plain_ys, plain_xs, plain_feed = rebuild()
-        expected = tf.gradients(plain_ys, plain_xs)
+        expected = tf.gradients(plain_ys, plain_xs, **{
+            name: value for name, value in options.items() if name in TF_OPTIONS})
     grads, (plan, info) = ome.gradients(ys, xs, return_info=True, **options)
     assert [g is None for g in grads] == [e is None for e in expected]
     with tf.compat.v1.Session(graph=graph) as sess:
@@ -492,4 +496,45 @@ def test_a_gradient_tensorflow_prunes_is_no_reader(graph):
     y = tf.reduce_sum(tf.matmul(swish * tf.constant(1.25), v["w2"])
                       * rng.randn(16, 10).astype(np.float32))
     plan, _ = compare([y], list(v.values()), {}, checkpoints=[swish])
+    assert plan.recomputed
+
+
+def test_a_recomputed_silu_scaled_after_it_is_regrouped_as_its_original(graph):
+    # tf.nn.silu's output reaches the product scaling it through its custom gradient's
+    # IdentityN, which Grappler removes before it regroups the two products into
+    # ``(x * 1.25) * sigmoid(x)``. Not seen through the IdentityN, the silu's output was
+    # no tensor inside a tree, and the chain made the copy of the IdentityN wait through
+    # it: the gate kept the copied products apart, rounding apart from plain's.
+    def build():
+        rng = np.random.RandomState(0)
+        x = tf.compat.v1.placeholder(tf.float32, (256, 64))
+        looped = tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, tf.tanh(v)),
+                               [0, tf.tanh(x)])[1]
+        wide = tf.concat([looped, looped], axis=1)
+        normed = tf.nn.batch_normalization(
+            wide, *tf.nn.moments(wide, [-1], keepdims=True), None, None, 1e-3)
+        scaled = tf.exp(tf.nn.silu(wide) * 1.25)
+        ys = [tf.reduce_mean(tf.reduce_max(tf.transpose(normed), 1)),
+              tf.reduce_mean(scaled)]
+        return ys, [x], {x: rng.uniform(-1, 1, (256, 64)).astype(np.float32)}
+
+    ys, xs, feed = build()
+    assert {"IdentityN:0", "mul_1:0"} <= merges.merged_tensors(ys[0].graph)
+    plan, _ = compare(ys, xs, feed, rebuild=build, checkpoints="auto")
+    assert plan.recomputed
+
+
+@pytest.mark.parametrize("rows", [None, 256])
+def test_gate_gradients_ties_change_no_grouping(graph, rows):
+    # gate_gradients=True ties each op's input gradients together: an identity of each,
+    # waiting for all. (1) The ties make the gradient of a GELU's power with respect to
+    # its constant exponent (a log and a select) look needed; TensorFlow prunes it. The
+    # chain made the base's gradient wait for it, so it ran, and the products around it
+    # were not regrouped as plain's (rows None). (2) The chain waited for a tie: Grappler
+    # removes the identity and hands the wait to the product under it, which it then did
+    # not regroup with the constant ones of the sum's gradient (rows 256, static shapes).
+    x = tf.compat.v1.placeholder(tf.float32, (rows, 128))
+    y = tf.reduce_sum(tf.nn.gelu(tf.tanh(x), approximate=True))
+    plan, _ = compare([y], [x], {x: RNG.uniform(-1, 1, (256, 128)).astype(np.float32)},
+                      checkpoints="optimal", gate_gradients=True)
     assert plan.recomputed
