@@ -24,13 +24,13 @@ GROUPED_OPS = schedule.REGROUPED_OPS | schedule.CONSTANT_REGROUPED_OPS
 
 # Ops passing their inputs on as they are, which Grappler removes before it regroups
 # (``tf.custom_gradient``'s IdentityN in graph mode: ``tf.nn.silu``'s output).
-_IDENTITY_OPS = frozenset({"Identity", "IdentityN"})
+IDENTITY_OPS = frozenset({"Identity", "IdentityN"})
 
 
 def _dead_identity(op):
     """Whether ``op`` is an identity nothing reads (``tf.custom_gradient`` leaves one of
     its output in graph mode), which Grappler prunes."""
-    return op.type in _IDENTITY_OPS and not tfprivate.control_outputs(op) and not any(
+    return op.type in IDENTITY_OPS and not tfprivate.control_outputs(op) and not any(
         t.consumers() for t in op.outputs)
 
 
@@ -109,31 +109,45 @@ def _identities(tensor):
     return found
 
 
+def readers(tensor, pruned=frozenset()):
+    """``(passed, found)``: the ops reading ``tensor`` once Grappler has removed the
+    identities between (``tf.custom_gradient``'s IdentityN, ``gate_gradients``' tuples;
+    not ome's protected ones), ``{name: op}``, an identity's readers in its place; and the
+    tensor with the identities' outputs passing it on. Ops named in ``pruned`` (backward
+    ops no gradient needs, which TensorFlow prunes first) and identities nothing reads
+    read nothing."""
+    found, passed, stack = {}, {}, [tensor]
+    while stack:
+        t = stack.pop()
+        if t.name in passed:
+            continue
+        passed[t.name] = t
+        for reader in t.consumers():
+            if reader.name in pruned or _dead_identity(reader):
+                continue
+            if reader.type in IDENTITY_OPS and not tfprivate.protected_from_grappler(reader):
+                stack.extend(out for read, out in zip(reader.inputs, reader.outputs)
+                             if read.name == t.name)
+            else:
+                found[reader.name] = reader
+    return list(passed.values()), found
+
+
 def merged_tensors(graph, pruned=frozenset()):
     """Names of the tensors passed inside a merged kernel (an output one of
     :func:`merged_pairs` reads from its partner, read by nothing else), or inside a tree
     of :data:`GROUPED_OPS` (a sum's operand only another sum reads: a batch norm's output
-    in a residual sum; identities between the two count as none): a second reader would
-    split the kernel, or keep Grappler from regrouping the tree as it does in
-    ``tf.gradients``' graph. Ops named in ``pruned`` (backward ops no gradient needs,
-    which TensorFlow prunes first) and identities nothing reads read nothing."""
-    def readers_of(tensor):
-        return {reader.name: reader for reader in tensor.consumers()
-                if reader.name not in pruned and not _dead_identity(reader)}
-
+    in a residual sum; :func:`readers` past identities, which are then marked too): a
+    second reader would split the kernel, or keep Grappler from regrouping the tree as it
+    does in ``tf.gradients``' graph. ``pruned``: as :func:`readers`'."""
     found = set()
     for op, i, partner in merged_pairs(graph):
         tensor = op.inputs[i]
-        if tensor.op is partner and list(readers_of(tensor)) == [op.name]:
+        if tensor.op is partner and list(readers(tensor, pruned)[1]) == [op.name]:
             found.add(tensor.name)
     for op in (op for op in graph.get_operations() if op.type in GROUPED_OPS):
         for tensor in op.outputs:
-            passed = [tensor]  # the tensor and its identities, which Grappler removes
-            readers = list(readers_of(tensor).values())
-            while len(readers) == 1 and readers[0].type in _IDENTITY_OPS:
-                index = [t.name for t in readers[0].inputs].index(passed[-1].name)
-                passed.append(readers[0].outputs[index])
-                readers = list(readers_of(passed[-1]).values())
-            if len(readers) == 1 and readers[0].type in GROUPED_OPS:
+            passed, read = readers(tensor, pruned)
+            if len(read) == 1 and next(iter(read.values())).type in GROUPED_OPS:
                 found.update(t.name for t in passed)
     return found

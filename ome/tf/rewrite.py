@@ -138,6 +138,7 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
     ops = _lookup(graph, plan, view)
     decisions = plan.decisions()
     before = len(graph.get_operations())
+    read_twice = _read_twice(graph, view)
     info = RewriteInfo(groups=len(sched.groups), copied_ops=len(sched.copied_ops))
     swapped_out, swapped_in = {}, {}
     swaps = {s.tensor: s for s in sched.swaps}
@@ -202,7 +203,7 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("unmerged"):
         _keep_apart(graph)
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("read"):
-        info.anchored = _read_as_in_plain(graph, view, copies)
+        info.anchored = _read_as_in_plain(graph, view, copies, read_twice)
     info.added_ops = len(graph.get_operations()) - before
     return info
 
@@ -370,52 +371,58 @@ def _keep_apart(graph):
             tfprivate.update_input(op, i, _gated(op.inputs[i], []))
 
 
-def _read_as_in_plain(graph, view, copies):
+def _read_twice(graph, view):
+    """The forward sums and products (outside TF1 loops) that more than one op reads in
+    ``tf.gradients``' graph once Grappler has removed identities (:func:`ome.tf.merges.
+    readers`), counted before the rewrite changes who reads them."""
+    return [t for name in view.forward if view.ops[name].type in merges.GROUPED_OPS
+            and not view.ops[name].in_tf1_frame for t in view.ops[name].outputs
+            if len(merges.readers(graph.get_tensor_by_name(t), view.unneeded)[1]) > 1]
+
+
+def _read_as_in_plain(graph, view, copies, read_twice):
     """Keep each forward sum or product read by more than one op in ``tf.gradients``' graph
-    read by more than one in the rewritten graph too, the original and its copy: where
-    the rewrite left one read by a single op (its backward readers rerouted to a copy,
-    or a copy read by backprop alone), Grappler regrouped the tree through it and the
-    value rounded apart (a kept GELU output, ``(0.5 * x) * erfc(..)`` became ``(erfc(..)
-    * 0.5) * x``). A protected identity reads it as well; it runs as soon as the tensor
-    is made, and the first op after it that is no sum or product, nor merged into a
-    kernel, waits for it, so that it runs at all (Grappler regroups no sum and merges no
-    op that a control edge touches). Backward ops no gradient needs are no readers:
-    TensorFlow prunes them before it regroups (the gradient of a dropout's constant
-    scale). Returns how many."""
-    pruned = view.unneeded
+    (``read_twice``, :func:`_read_twice`) read by more than one in the rewritten graph
+    too, the original and its copy: where the rewrite left one read by a single op (its
+    backward readers rerouted to a copy, or a copy read by backprop alone, or by no copy
+    of a forward reader: a dropout's shape), Grappler regrouped the tree through it and
+    the value rounded apart (a kept GELU output, ``(0.5 * x) * erfc(..)`` became
+    ``(erfc(..) * 0.5) * x``). A protected identity reads it as well; it runs as soon as
+    the tensor is made, and the first op after it that is no sum or product, nor merged
+    into a kernel, waits for it, so that it runs at all (Grappler regroups no sum and
+    merges no op that a control edge touches). Backward ops no gradient needs are no
+    readers: TensorFlow prunes them before it regroups (the gradient of a dropout's
+    constant scale). Returns how many."""
     merged_ops = None  # names of the ops merged into kernels: the walk passes them
     anchored = 0
-    for name in view.forward:
-        op_info = view.ops[name]
-        if op_info.type not in merges.GROUPED_OPS or op_info.in_tf1_frame:
-            continue
-        for t in op_info.outputs:
-            if len(set(view.consumers[t]) - pruned) < 2:
+    for t in read_twice:
+        for real in (graph.get_tensor_by_name(t), copies.get(t)):
+            if real is None:
                 continue
-            for real in (graph.get_tensor_by_name(t), copies.get(t)):
-                readers = {c.name: c for c in real.consumers()
-                           if c.name not in pruned} if real is not None else {}
-                if len(readers) != 1:
-                    continue
-                (reader,) = readers.values()
-                with tf.device(real.device):
-                    anchor = tf.identity(real, name=real.op.name + "_read")
-                tfprivate.protect_from_grappler(anchor.op)
-                if merged_ops is None:
-                    merged_ops = {o.name for pair in merges.merged_pairs(graph)
-                                  for o in (pair[0], pair[2])}
-                tfprivate.add_control_inputs(_first_free(reader, merged_ops), [anchor.op])
-                anchored += 1
+            readers = merges.readers(real, view.unneeded)[1]
+            if len(readers) != 1:
+                continue
+            (reader,) = readers.values()
+            with tf.device(real.device):
+                anchor = tf.identity(real, name=real.op.name + "_read")
+            tfprivate.protect_from_grappler(anchor.op)
+            if merged_ops is None:
+                merged_ops = {o.name for pair in merges.merged_pairs(graph)
+                              for o in (pair[0], pair[2])}
+            tfprivate.add_control_inputs(_first_free(reader, merged_ops), [anchor.op])
+            anchored += 1
     return anchored
 
 
 def _first_free(op, merged):
-    """``op``, or where it is one of :data:`ome.tf.merges.GROUPED_OPS` or named in
-    ``merged``, the first op after it along data edges that is neither; ``op`` where none
-    is."""
+    """``op``, or where it is one of :data:`ome.tf.merges.GROUPED_OPS`, an identity
+    (``gate_gradients``' tuples: Grappler hands a control edge on one to the op it passes
+    on, a sum or product that it then does not regroup) or named in ``merged``, the
+    first op after it along data edges that is none of these; ``op`` where none is."""
+    skipped = merges.GROUPED_OPS | merges.IDENTITY_OPS
     seen, queue = {op.name}, [op]
     for current in queue:
-        if current.type not in merges.GROUPED_OPS and current.name not in merged:
+        if current.type not in skipped and current.name not in merged:
             return current
         for reader in (r for t in current.outputs for r in t.consumers()):
             if reader.name not in seen:

@@ -145,6 +145,11 @@ def protect_from_grappler(op):
                  tf.compat.v1.AttrValue(b=True))
 
 
+def protected_from_grappler(op):
+    """Whether :func:`protect_from_grappler` protected ``op``."""
+    return "_grappler_do_not_remove" in op.node_def.attr
+
+
 # (module, attribute, signature) of every name TensorFlow code calls for gradients: "v2" is
 # ``tf.gradients``' signature, "v1" ``tf.compat.v1.gradients``' (which adds
 # ``colocate_gradients_with_ops`` as its fifth parameter).
