@@ -109,6 +109,16 @@ def _identities(tensor):
     return found
 
 
+def source(tensor):
+    """The tensor whose value ``tensor`` passes on once Grappler has removed the identities
+    before it (as :func:`readers`): the one Grappler's graph names, where it sorts a
+    commutative op's inputs by name."""
+    while tensor.op.type in IDENTITY_OPS and \
+            not tfprivate.protected_from_grappler(tensor.op):
+        tensor = tensor.op.inputs[tensor.value_index]
+    return tensor
+
+
 def readers(tensor, pruned=frozenset()):
     """``(passed, found)``: the ops reading ``tensor`` once Grappler has removed the
     identities between (``tf.custom_gradient``'s IdentityN, ``gate_gradients``' tuples;

@@ -157,8 +157,9 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
         device = graph.get_tensor_by_name(tensor).op.device or host.accelerator_device()
         triggers = [ops[t] for t in swaps[tensor].triggers]
         with tf.name_scope("swap"):
+            producer = merges.source(graph.get_tensor_by_name(tensor)).op.name
             swapped_in[tensor] = standins.beside(
-                tensor.rpartition(":")[0], "swapped_in", lambda name: swap_in(
+                producer, "swapped_in", lambda name: swap_in(
                     swapped_out[tensor], device, triggers, emulated=emulated, name=name))
         info.event_ops[swapped_in[tensor].op.name] = ("swap_in", tensor)
 
@@ -519,7 +520,7 @@ def _gated(tensor, waited):
     last, which is a control input if there is one, and a graph it breaks that way loses
     every Grappler optimization (TensorFlow runs the unoptimized graph)."""
     with tf.device(tensor.device), tf.control_dependencies(waited):
-        gate = standins.beside(tensor.op.name, "gate",
+        gate = standins.beside(merges.source(tensor).op.name, "gate",
                                lambda name: tf.identity(tensor, name=name))
     tfprivate.protect_from_grappler(gate.op)
     return gate
@@ -652,6 +653,6 @@ def _hold_gradients(graph, sched, ops, copies):
             waits = [copies[ops[op].outputs[0].name].op if op in copied else ops[op]
                      for op in waited]
             with tf.device(grad.device), tf.control_dependencies(waits):
-                held[g] = standins.beside(grad.op.name, "held",
+                held[g] = standins.beside(merges.source(grad).op.name, "held",
                                           lambda name: tf.identity(grad, name=name))
     return held

@@ -4,10 +4,11 @@ gradients.
 Grappler sorts the inputs of a commutative op by name (its canonicalizer) before its
 arithmetic optimizer regroups trees of sums and products, so an op read in place of a
 tensor must sort among the graph's names where that tensor's producer does, or the
-regrouping and a gradient's last bits change. Such an op is named beside the producer,
-``<producer>-ome_<kind>``: ``-`` sorts before every other character a name may go on
-with. It is outside the backward pass's name scope, so it records the scope it was made
-in (:func:`in_scope`).
+regrouping and a gradient's last bits change. Such an op is named beside the producer
+(past the identities Grappler removes first: a SiLU's product, not the IdentityN of its
+custom gradient), ``<producer>-ome_<kind>``: ``-`` sorts before every other character a
+name may go on with. It is outside the backward pass's name scope, so it records the
+scope it was made in (:func:`in_scope`).
 """
 import tensorflow as tf
 
