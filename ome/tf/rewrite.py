@@ -374,8 +374,8 @@ def _keep_apart(graph):
 
 def _read_twice(graph, view):
     """The forward sums and products (outside TF1 loops) that more than one op reads in
-    ``tf.gradients``' graph once Grappler has removed identities (:func:`ome.tf.merges.
-    readers`), counted before the rewrite changes who reads them."""
+    ``tf.gradients``' graph once Grappler has removed identities
+    (:func:`ome.tf.merges.readers`), counted before the rewrite changes who reads them."""
     return [t for name in view.forward if view.ops[name].type in merges.GROUPED_OPS
             and not view.ops[name].in_tf1_frame for t in view.ops[name].outputs
             if len(merges.readers(graph.get_tensor_by_name(t), view.unneeded)[1]) > 1]
