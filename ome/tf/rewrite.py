@@ -257,25 +257,28 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
             else:
                 tied = _tied_after(op.inputs, waits, op.name) if xla else None
                 if tied is None:
-                    i = _gated_input(op.inputs)
+                    i = _gated_input(op.inputs, op.type)
                     tied = i, _gated(op.inputs[i], waits)
                 tfprivate.update_input(op, *tied)
             waited += 1
     return waited
 
 
-# Ops Grappler folds into the op reading them (a transpose into the matmul reading it, as
-# its transpose_a): a gate between them would keep the two kernels apart.
-_FOLDED_INTO_READER = frozenset({"Transpose", "ConjugateTranspose"})
+# Ops Grappler folds into the matmul reading them (a transpose, as its transpose_a): a
+# gate between them would keep the two kernels apart.
+_FOLDED_INTO_MATMUL = frozenset({"Transpose", "ConjugateTranspose"})
+_MATMULS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
 
 
-def _gated_input(inputs):
-    """The index of the input an op reading ``inputs`` waits through: of those that can
-    wait, the first that is neither a constant (a gate keeps Grappler from folding it:
-    ``tf.nn.silu``'s ``beta * x`` with ``beta`` 1) nor folded into the op by Grappler,
-    else the first not folded, else the first; None where none can wait."""
+def _gated_input(inputs, reader):
+    """The index of the input an op of type ``reader`` reading ``inputs`` waits through: of
+    those that can wait, the first that is neither a constant (a gate keeps Grappler from
+    folding it: ``tf.nn.silu``'s ``beta * x`` with ``beta`` 1) nor folded into the op by
+    Grappler (a transpose into a matmul), else the first not folded, else the first; None
+    where none can wait."""
     can = [i for i, t in enumerate(inputs) if _can_wait(t)]
-    unfolded = [i for i in can if inputs[i].op.type not in _FOLDED_INTO_READER]
+    unfolded = [i for i in can if reader not in _MATMULS
+                or inputs[i].op.type not in _FOLDED_INTO_MATMUL]
     return next((i for i in unfolded if inputs[i].op.type not in schedule_mod.CONSTANT_OPS),
                 next(iter(unfolded + can), None))
 
@@ -485,7 +488,7 @@ def _wait_for(op, waited):
     the step) run after the ops ``waited``: through :func:`_gated` on the input
     :func:`_gated_input` picks, as the chain's ops wait; by control inputs where no input
     can wait (resources and variants only)."""
-    i = _gated_input(op.inputs)
+    i = _gated_input(op.inputs, op.type)
     if i is None:
         tfprivate.add_control_inputs(op, waited)
     else:
@@ -558,7 +561,7 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
                 if first and all(g is None for g in shared):
                     # through the input the chain's ops would wait through
                     waits = [ops[t] for t in group.triggers + group.waits]
-                    i = _gated_input(inputs)
+                    i = _gated_input(inputs, original.type)
                     if i is not None:
                         gate = _gated(inputs[i], waits)
                         gates[(id(group), inputs[i].name)] = gate
