@@ -535,8 +535,8 @@ def test_gate_gradients_ties_change_no_grouping(graph, rows):
     # not regroup with the constant ones of the sum's gradient (rows 256, static shapes).
     x = tf.compat.v1.placeholder(tf.float32, (rows, 128))
     y = tf.reduce_sum(tf.nn.gelu(tf.tanh(x), approximate=True))
-    plan, _ = compare([y], [x], {x: RNG.uniform(-1, 1, (256, 128)).astype(np.float32)},
-                      checkpoints="optimal", gate_gradients=True)
+    data = np.random.RandomState(0).uniform(-1, 1, (256, 128)).astype(np.float32)
+    plan, _ = compare([y], [x], {x: data}, checkpoints="optimal", gate_gradients=True)
     assert plan.recomputed
 
 
@@ -546,8 +546,8 @@ def test_a_read_as_in_plain_waits_for_no_gate_gradients_tie(graph):
     # gate_gradients=True that op was a tie (an identity of the erf GELU's gradient
     # product): Grappler removed the identity and handed the wait to the product, which
     # it then did not regroup as plain's.
-    v = tf.compat.v1.get_variable("v", initializer=RNG.uniform(-1, 1, (128, 16)).astype(
-        np.float32), use_resource=True)
+    v = tf.compat.v1.get_variable("v", initializer=np.random.RandomState(0).uniform(
+        -1, 1, (128, 16)).astype(np.float32), use_resource=True)
     inner = tf.sin(tf.tanh(v))
     y = tf.reduce_sum(tf.nn.gelu(tf.exp(tf.sin(inner) * inner), approximate=False))
     plan, info = compare([y], [v], {}, checkpoints="optimal", gate_gradients=True)
