@@ -408,11 +408,11 @@ def _merged_into_free(view, op):
     for the op would stand between its input and the product's, splitting the kernel.
     Outputs nothing reads (the inputs ``tf.custom_gradient``'s IdentityN passes on) do
     not count."""
-    read = [t for t in op.outputs if set(view.consumers[t]) - view.unneeded]
-    return bool(read) and all(
-        view.tensors[t].merged and all(regrouped(view, r) for r in view.consumers[t]
-                                       if r not in view.unneeded)
-        for t in read)
+    readers = {t: [r for r in view.consumers[t] if r not in view.unneeded]
+               for t in op.outputs}
+    read = {t: names for t, names in readers.items() if names}
+    return bool(read) and all(view.tensors[t].merged and all(regrouped(view, r) for r in names)
+                              for t, names in read.items())
 
 
 # Ops Grappler folds into a constant: their value follows from constants and static shapes.

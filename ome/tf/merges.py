@@ -27,6 +27,11 @@ GROUPED_OPS = schedule.REGROUPED_OPS | schedule.CONSTANT_REGROUPED_OPS
 IDENTITY_OPS = frozenset({"Identity", "IdentityN"})
 
 
+def _removed_identity(op):
+    """Whether ``op`` is an identity Grappler removes: any but ome's protected ones."""
+    return op.type in IDENTITY_OPS and not tfprivate.protected_from_grappler(op)
+
+
 def _dead_identity(op):
     """Whether ``op`` is an identity nothing reads (``tf.custom_gradient`` leaves one of
     its output in graph mode), which Grappler prunes."""
@@ -113,8 +118,7 @@ def source(tensor):
     """The tensor whose value ``tensor`` passes on once Grappler has removed the identities
     before it (as :func:`readers`): the one Grappler's graph names, where it sorts a
     commutative op's inputs by name."""
-    while tensor.op.type in IDENTITY_OPS and \
-            not tfprivate.protected_from_grappler(tensor.op):
+    while _removed_identity(tensor.op):
         tensor = tensor.op.inputs[tensor.value_index]
     return tensor
 
@@ -135,7 +139,7 @@ def readers(tensor, pruned=frozenset()):
         for reader in t.consumers():
             if reader.name in pruned or _dead_identity(reader):
                 continue
-            if reader.type in IDENTITY_OPS and not tfprivate.protected_from_grappler(reader):
+            if _removed_identity(reader):
                 stack.extend(out for read, out in zip(reader.inputs, reader.outputs)
                              if read.name == t.name)
             else:
