@@ -315,9 +315,10 @@ def regrouped(view, name):
     """Whether Grappler may regroup op ``name`` with its operands' producers: a sum or a
     product (:data:`REGROUPED_OPS`), a subtraction or division with a constant operand,
     or an identity of one (``gate_gradients``' tuples: Grappler removes the identity and
-    hands its control edges to the op it passes on)."""
+    hands its control edges to the op it passes on), or a :func:`broadcast_reduction` of
+    one, which Grappler removes the same way where shapes are equal."""
     op = view.ops[name]
-    if op.type == "Identity" and op.inputs:
+    if (op.type == "Identity" or broadcast_reduction(view, name)) and op.inputs:
         return regrouped(view, view.tensors[op.inputs[0]].op)
     return op.type in REGROUPED_OPS or op.type in CONSTANT_REGROUPED_OPS and any(
         view.ops[view.tensors[t].op].type in CONSTANT_OPS for t in op.inputs)
@@ -397,9 +398,26 @@ def chained_op(view, name, *, copy=False):
     op = view.ops[name]
     if regrouped(view, name) or _merged_into_free(view, op) or not copy and (
             name not in view.main or not op.reroutable or name in view.maybe_dead
-            or name in foldable_ops(view) or name in view.unneeded):
+            or name in foldable_ops(view) or name in view.unneeded
+            or broadcast_reduction(view, name)):
         return False
     return any(can_wait(view, t) for t in op.inputs)
+
+
+def broadcast_reduction(view, name):
+    """Whether op ``name`` sums a gradient over the axes ``BroadcastGradientArgs`` gives
+    (the gradient of a broadcasting op whose operands' shapes are not static), or reshapes
+    such a sum. Where the shapes are equal, Grappler removes both as no-ops; a wait for
+    one would leave its gate between the gradient and what reads it (``AddN(g, g)`` of
+    ``x + x``'s gradient made ``AddN(g, gate(g))``, which Grappler no longer sums as
+    plain's)."""
+    op = view.ops[name]
+    if op.type == "Reshape":
+        source = view.ops[view.tensors[op.inputs[0]].op]
+        return source.name != name and source.type == "Sum" and \
+            broadcast_reduction(view, source.name)
+    return op.type == "Sum" and len(op.inputs) > 1 and \
+        view.ops[view.tensors[op.inputs[1]].op].type == "BroadcastGradientArgs"
 
 
 def _merged_into_free(view, op):

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from ome import errors
 from ome.tf import capture, host, merges, standins, tfprivate, xla as xla_mod
-from ome.core import schedule as schedule_mod
+from ome.core import schedule as schedule_mod, simulate
 from ome.core.graphview import GraphView
 from ome.core.schedule import Decision
 
@@ -178,14 +178,14 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
             if tensor not in swapped_in:
                 make_swap_in(tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
-        copies, info.tied = _copy_groups(graph, view, sched, ops, decisions, swapped_in,
-                                         xla=xla)
+        copies, copy_reads, info.tied = _copy_groups(graph, view, sched, ops, decisions,
+                                                     swapped_in, xla=xla)
         info.event_ops.update({copies[t].op.name: ("copy", op) for op in sched.copied_ops
                                for t in view.ops[op].outputs if t in copies})
         info.held = _hold_gradients(graph, sched, ops, copies)
     for reader, tensor in sched.reroutes:
         replacement = swapped_in[tensor] if decisions.get(tensor) == Decision.SWAP \
-            else copies[tensor]
+            else copy_reads[tensor]
         op = ops[reader]
         for i, t in enumerate(op.inputs):
             if t.name == tensor:
@@ -258,8 +258,11 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
                 tied = _tied_after(op.inputs, waits, op.name) if xla else None
                 if tied is None:
                     i = _gated_input(op.inputs, op.type)
-                    tied = i, _gated(op.inputs[i], waits)
-                tfprivate.update_input(op, *tied)
+                    gate = _gated(op.inputs[i], waits)
+                    for j in _same_reads(op.inputs, i):
+                        tfprivate.update_input(op, j, gate)
+                else:
+                    tfprivate.update_input(op, *tied)
             waited += 1
     return waited
 
@@ -281,6 +284,13 @@ def _gated_input(inputs, reader):
                 or inputs[i].op.type not in _FOLDED_INTO_MATMUL]
     return next((i for i in unfolded if inputs[i].op.type not in schedule_mod.CONSTANT_OPS),
                 next(iter(unfolded + can), None))
+
+
+def _same_reads(inputs, i):
+    """The indices of ``inputs`` that are ``inputs[i]``: an op reading a tensor twice (``x +
+    x``) waits through one gate for both reads, so Grappler still sees one operand twice
+    (it makes ``x + x`` into ``2 * x``, ``AddN(g, g)`` into a sum of ``g``'s terms)."""
+    return [j for j, t in enumerate(inputs) if t.name == inputs[i].name]
 
 
 def _reads_from(op, source, bounds):
@@ -530,14 +540,17 @@ def _gated(tensor, waited):
 
 
 def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
-    """Copy every op of every group in forward order; returns ({tensor name: copy}, how
-    many copies were tied by data). A group's first copies, those reading no copy of the
+    """Copy every op of every group in forward order; returns ({tensor name: copy}, {tensor
+    name: what its readers read instead}, how many copies were tied by data): the copy, or
+    where Grappler cannot know its shape for the original's, the copy reshaped to it
+    (:func:`_shaped_like`; not under ``xla``, which compiles static shapes). A group's
+    first copies, those reading no copy of the
     same group, wait for its triggers (and its leaves); the others wait for them through
     the tensors they read. Under ``xla`` (:class:`_XlaTies`) the copies read the group's
     saved inputs through an optimization barrier with the triggers' outputs, and each
     copy reading no tied copy reads one input tied to them by data."""
     group_of = {op: g for g in sched.groups for op in g.ops}
-    copies = {}
+    copies, reads = {}, {}
     # (id of a group, name of a tensor it reads from outside) -> the gate its copies read
     gates = {}
     ties = _XlaTies(ops, decisions, group_of) if xla else None
@@ -547,7 +560,7 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
             inputs, first, waits = [], True, []
             for t in original.inputs:
                 if t.name in copies and decisions.get(t.name) == Decision.RECOMPUTE:
-                    inputs.append(copies[t.name])
+                    inputs.append(reads[t.name])
                     first = first and group_of[t.op.name] is not group
                 elif t.name in swapped_in:
                     inputs.append(swapped_in[t.name])
@@ -565,15 +578,42 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
                     if i is not None:
                         gate = _gated(inputs[i], waits)
                         gates[(id(group), inputs[i].name)] = gate
-                        inputs[i], waits = gate, []
+                        same = set(_same_reads(inputs, i))
+                        inputs = [gate if j in same else t for j, t in enumerate(inputs)]
+                        waits = []
             copy = standins.beside(name, "recomputed",
                                    lambda n: tfprivate.copy_op(original, inputs, n))
             if waits:  # no input can wait (resources, variants)
                 tfprivate.add_control_inputs(copy, waits)
             copies.update(zip((t.name for t in original.outputs), copy.outputs))
+            reads.update((o.name, c if xla else _shaped_like(view, o, c))
+                         for o, c in zip(original.outputs, copy.outputs))
             if ties is not None:
                 ties.copied(original, copy)
-    return copies, (ties.count if ties is not None else 0)
+    return copies, reads, (ties.count if ties is not None else 0)
+
+
+def _shaped_like(view, original, copy):
+    """``copy``, or where Grappler gives it a shape of its own, ``copy`` reshaped to
+    ``original``'s runtime shape (``tf.shape`` of the original, taken as it is made).
+    A dimension unknown when the graph is built (a fed ``[None, ...]`` batch) is a symbol
+    to Grappler, and an op whose shape function checks its input's rank (a matmul, a batch
+    norm) makes new symbols in each copy: Grappler then cannot prove the gradient's
+    broadcasting sums and reshapes no-ops, keeps them between products it regroups in
+    plain's graph, and the values round apart. Reshaped, the copy has the original's
+    symbols. Element-wise ops pass their input's symbols on, and sums, products and
+    merged kernels are left alone (a reshape between them would part what Grappler joins;
+    a shape read of the original would make it read twice)."""
+    op = copy.op
+    if original.shape.rank is None or original.shape.is_fully_defined() \
+            or not original.dtype.is_floating or op.type in simulate.FORWARDING_OPS \
+            or schedule_mod.regrouped(view, original.op.name) \
+            or view.tensors[original.name].merged:
+        return copy
+    with tf.device(original.device):
+        shape = standins.beside(original.op.name, "shape", lambda n: tf.shape(original, name=n))
+    with tf.device(copy.device):
+        return standins.beside(op.name, "shaped", lambda n: tf.reshape(copy, shape, name=n))
 
 
 class _XlaTies:

@@ -927,3 +927,31 @@ def test_what_grappler_folds_into_constants_is_not_chained():
                       persistent=["x:0"])
     assert schedule.foldable_ops(view) == {"shape", "g_y", "g_t"}
     assert not schedule.chained_op(view, "g_t") and schedule.chained_op(view, "g_a")
+
+
+@pytest.mark.parametrize("flow, regrouped", [(("Mul", ["g_y:0", "d:0"]), True),
+                                             (("Neg", ["g_y:0"]), False)])
+def test_a_broadcasting_gradients_sums_and_reshapes_are_not_chained(flow, regrouped):
+    """``x + x`` over a batch of unknown size: ``tf.gradients`` sums the gradient over
+    the axes ``BroadcastGradientArgs`` gives and reshapes it, once per operand; Grappler
+    removes both as no-ops where the shapes are equal, so the chain leaves them free (a
+    wait would leave a gate on one of the sum's two reads of the gradient), and where
+    they sum a product they are regrouped as the product is."""
+    forward = [("x", "Placeholder", [], 1), ("t", "Tanh", ["x:0"], 1),
+               ("d", "AddV2", ["t:0", "t:0"], 1), ("y", "Sum", ["d:0"], 1)]
+    backward = [("g_y", "Fill", [], 1), ("g_d", *flow, 1),
+                ("shape", "Shape", ["t:0"], 1), ("shape_1", "Shape", ["t:0"], 1),
+                ("args", "BroadcastGradientArgs", ["shape:0", "shape_1:0"], 2),
+                ("sum", "Sum", ["g_d:0", "args:0"], 1),
+                ("back", "Reshape", ["sum:0", "shape:0"], 1),
+                ("sum_1", "Sum", ["g_d:0", "args:1"], 1),
+                ("back_1", "Reshape", ["sum_1:0", "shape_1:0"], 1),
+                ("g_t", "AddN", ["back:0", "back_1:0"], 1),
+                ("g_x", "TanhGrad", ["t:0", "g_t:0"], 1)]
+    view = build_view(forward, backward, xs=["x:0"], ys=["y:0"], grads=["g_x:0"],
+                      persistent=["x:0"])
+    for name in ("sum", "back", "sum_1", "back_1"):
+        assert schedule.broadcast_reduction(view, name)
+        assert schedule.regrouped(view, name) == regrouped
+        assert not schedule.chained_op(view, name)
+    assert not schedule.broadcast_reduction(view, "g_x") and schedule.chained_op(view, "g_x")

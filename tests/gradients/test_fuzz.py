@@ -206,6 +206,11 @@ def test_programs_once_apart_are_bit_equal(seed, setting):
     # the constant, since a transpose counted as folded into whatever op reads it (only a
     # matmul folds it), so beta * x was not folded and oneDNN did not merge the SiLU
     (112012247, 16, "pin", ("recompute",)),
+    # a fed [None, ...] input: a batch norm's copy had dimensions of its own to Grappler
+    # (it is reshaped to the original's shape now), and ``v5 + v5``'s copy and gradient
+    # each waited through a gate on one of their two reads of one tensor
+    (1207140, 16, "explicit", ("recompute",)),
+    (1207334, 16, "explicit", ("recompute",)),
 ])
 def test_modern_programs_once_apart_are_bit_equal(seed, size, setting, did):
     verdict = fuzzing.judge(randomgraphs.generate(seed, size=size),

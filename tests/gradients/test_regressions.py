@@ -552,3 +552,41 @@ def test_a_read_as_in_plain_waits_for_no_gate_gradients_tie(graph):
     y = tf.reduce_sum(tf.nn.gelu(tf.exp(tf.sin(inner) * inner), approximate=False))
     plan, info = compare([y], [v], {}, checkpoints="optimal", gate_gradients=True)
     assert plan.recomputed and info.anchored
+
+
+def test_a_copy_over_a_fed_batch_of_unknown_size_has_the_originals_shape(graph):
+    # Grappler takes a fed placeholder's shape for unknown, and a batch norm's rank check
+    # then makes dimensions of its own in each copy, unlike the original's: the GELU's
+    # broadcasting gradient kept its sums and reshapes between the products Grappler
+    # regroups in plain's graph. The copy is reshaped to the original's runtime shape.
+    rng = np.random.RandomState(0)
+    x = tf.compat.v1.placeholder(tf.float32, (None, 4, 4, 3))
+    scale = tf.compat.v1.placeholder(tf.float32, (3,))
+    offset = tf.compat.v1.placeholder(tf.float32, (3,))
+    kept = tf.tanh(x)
+    normed = tf.compat.v1.nn.fused_batch_norm(kept, scale, offset, is_training=True)[0]
+    y = tf.reduce_sum(tf.nn.gelu(normed, approximate=True))
+    feed = {x: rng.uniform(-1, 1, (2, 4, 4, 3)).astype(np.float32),
+            scale: rng.uniform(-1, 1, 3).astype(np.float32),
+            offset: rng.uniform(-0.5, 0.5, 3).astype(np.float32)}
+    plan, _ = compare([y], [x], feed, checkpoints=[kept])
+    assert plan.recomputed
+
+
+def test_a_sum_of_a_tensor_with_itself_is_recomputed_and_differentiated_as_plain(graph):
+    # normed + normed over a batch of unknown size: the copy's gate stood on one of its
+    # two reads (Grappler then did not make it 2 * normed), and the chain's wait for the
+    # gradient's second broadcasting reshape, which Grappler removes, left a gate on one
+    # of the two reads of the sum AddN then read, which Grappler summed apart from plain's
+    rng = np.random.RandomState(0)
+    x = tf.compat.v1.placeholder(tf.float32, (None, 128))
+    w = tf.compat.v1.get_variable(
+        "w", initializer=rng.uniform(-0.1, 0.1, (128, 128)).astype(np.float32))
+    h = tf.tanh(x) @ w
+    normed = tf.nn.batch_normalization(h, *tf.nn.moments(h, [-1], keepdims=True), None,
+                                       None, 1e-3)
+    doubled = normed + normed
+    ys = [tf.reduce_sum(tf.nn.gelu(doubled)), tf.reduce_mean(tf.sigmoid(tf.sin(doubled)))]
+    plan, _ = compare(ys, [x, w], {x: rng.uniform(-1, 1, (8, 128)).astype(np.float32)},
+                      checkpoints=[normed])
+    assert plan.recomputed
