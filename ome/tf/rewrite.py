@@ -140,7 +140,7 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
     before = len(graph.get_operations())
     read_twice = _read_twice(graph, view)
     info = RewriteInfo(groups=len(sched.groups), copied_ops=len(sched.copied_ops))
-    swapped_out, swapped_in = {}, {}
+    swapped_out, swapped_in, swap_reads = {}, {}, {}
     swaps = {s.tensor: s for s in sched.swaps}
 
     def make_swap_out(tensor):
@@ -162,6 +162,8 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
                 producer, "swapped_in", lambda name: swap_in(
                     swapped_out[tensor], device, triggers, emulated=emulated, name=name))
         info.event_ops[swapped_in[tensor].op.name] = ("swap_in", tensor)
+        swap_reads[tensor] = _shaped_like(view, graph.get_tensor_by_name(tensor),
+                                          swapped_in[tensor])
 
     # Swaps made in the order they run (the replay's): inside tf.function, TensorFlow chains
     # the stateful ops that touch no resource (the emulated host's copies) in the order
@@ -179,12 +181,12 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
                 make_swap_in(tensor)
         log.debug("%d tensors swapped out to %s", len(info.swapped), plan.host_device)
         copies, copy_reads, info.tied = _copy_groups(graph, view, sched, ops, decisions,
-                                                     swapped_in, xla=xla)
+                                                     swap_reads, xla=xla)
         info.event_ops.update({copies[t].op.name: ("copy", op) for op in sched.copied_ops
                                for t in view.ops[op].outputs if t in copies})
         info.held = _hold_gradients(graph, sched, ops, copies)
     for reader, tensor in sched.reroutes:
-        replacement = swapped_in[tensor] if decisions.get(tensor) == Decision.SWAP \
+        replacement = swap_reads[tensor] if decisions.get(tensor) == Decision.SWAP \
             else copy_reads[tensor]
         op = ops[reader]
         for i, t in enumerate(op.inputs):
@@ -544,9 +546,8 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
     name: what its readers read instead}, how many copies were tied by data): the copy, or
     where Grappler cannot know its shape for the original's, the copy reshaped to it
     (:func:`_shaped_like`; not under ``xla``, which compiles static shapes). A group's
-    first copies, those reading no copy of the
-    same group, wait for its triggers (and its leaves); the others wait for them through
-    the tensors they read. Under ``xla`` (:class:`_XlaTies`) the copies read the group's
+    first copies, those reading no copy of the same group, wait for its triggers (and its
+    leaves); the others wait for them through the tensors they read. Under ``xla`` (:class:`_XlaTies`) the copies read the group's
     saved inputs through an optimization barrier with the triggers' outputs, and each
     copy reading no tied copy reads one input tied to them by data."""
     group_of = {op: g for g in sched.groups for op in g.ops}
@@ -594,16 +595,17 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
 
 
 def _shaped_like(view, original, copy):
-    """``copy``, or where Grappler gives it a shape of its own, ``copy`` reshaped to
-    ``original``'s runtime shape (``tf.shape`` of the original, taken as it is made).
-    A dimension unknown when the graph is built (a fed ``[None, ...]`` batch) is a symbol
-    to Grappler, and an op whose shape function checks its input's rank (a matmul, a batch
-    norm) makes new symbols in each copy: Grappler then cannot prove the gradient's
-    broadcasting sums and reshapes no-ops, keeps them between products it regroups in
-    plain's graph, and the values round apart. Reshaped, the copy has the original's
-    symbols. Element-wise ops pass their input's symbols on, and sums, products and
-    merged kernels are left alone (a reshape between them would part what Grappler joins;
-    a shape read of the original would make it read twice)."""
+    """``copy`` (a recomputed or swapped-in tensor), or where Grappler gives it a shape of
+    its own, ``copy`` reshaped to ``original``'s runtime shape (``tf.shape`` of the
+    original, taken as it is made). A dimension unknown when the graph is built (a fed
+    ``[None, ...]`` batch) is a symbol to Grappler; an op whose shape function checks its
+    input's rank (a matmul, a batch norm) makes new symbols in each copy, and the emulated
+    host's copy (a ``numpy_function``) has no shape at all: Grappler then cannot prove the
+    gradient's broadcasting sums and reshapes no-ops, keeps them between products it
+    regroups in plain's graph, and the values round apart. Reshaped, the copy has the
+    original's symbols. Element-wise ops pass their input's symbols on, and sums, products
+    and merged kernels are left alone (a reshape between them would part what Grappler
+    joins; a shape read of the original would make it read twice)."""
     op = copy.op
     if original.shape.rank is None or original.shape.is_fully_defined() \
             or not original.dtype.is_floating or op.type in simulate.FORWARDING_OPS \
