@@ -414,8 +414,7 @@ def broadcast_reduction(view, name):
     op = view.ops[name]
     if op.type == "Reshape":
         source = view.ops[view.tensors[op.inputs[0]].op]
-        return source.name != name and source.type == "Sum" and \
-            broadcast_reduction(view, source.name)
+        return source.type == "Sum" and broadcast_reduction(view, source.name)
     return op.type == "Sum" and len(op.inputs) > 1 and \
         view.ops[view.tensors[op.inputs[1]].op].type == "BroadcastGradientArgs"
 

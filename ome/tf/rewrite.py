@@ -541,7 +541,7 @@ def _gated(tensor, waited):
     return gate
 
 
-def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
+def _copy_groups(graph, view, sched, ops, decisions, swap_reads, *, xla=False):
     """Copy every op of every group in forward order; returns ({tensor name: copy}, {tensor
     name: what its readers read instead}, how many copies were tied by data): the copy, or
     where Grappler cannot know its shape for the original's, the copy reshaped to it
@@ -549,7 +549,9 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
     first copies, those reading no copy of the same group, wait for its triggers (and its
     leaves); the others wait for them through the tensors they read. Under ``xla`` (:class:`_XlaTies`) the copies read the group's
     saved inputs through an optimization barrier with the triggers' outputs, and each
-    copy reading no tied copy reads one input tied to them by data."""
+    copy reading no tied copy reads one input tied to them by data. ``swap_reads``: what
+    a copy reads for a swapped tensor (its swap-in, reshaped as :func:`_shaped_like`
+    says)."""
     group_of = {op: g for g in sched.groups for op in g.ops}
     copies, reads = {}, {}
     # (id of a group, name of a tensor it reads from outside) -> the gate its copies read
@@ -563,8 +565,8 @@ def _copy_groups(graph, view, sched, ops, decisions, swapped_in, *, xla=False):
                 if t.name in copies and decisions.get(t.name) == Decision.RECOMPUTE:
                     inputs.append(reads[t.name])
                     first = first and group_of[t.op.name] is not group
-                elif t.name in swapped_in:
-                    inputs.append(swapped_in[t.name])
+                elif t.name in swap_reads:
+                    inputs.append(swap_reads[t.name])
                 else:
                     inputs.append(t)
             if ties is not None:
