@@ -163,7 +163,7 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
                     swapped_out[tensor], device, triggers, emulated=emulated, name=name))
         info.event_ops[swapped_in[tensor].op.name] = ("swap_in", tensor)
         swap_reads[tensor] = _shaped_like(view, graph.get_tensor_by_name(tensor),
-                                          swapped_in[tensor], shapeless=emulated)
+                                          swapped_in[tensor])
 
     # Swaps made in the order they run (the replay's): inside tf.function, TensorFlow chains
     # the stateful ops that touch no resource (the emulated host's copies) in the order
@@ -596,36 +596,28 @@ def _copy_groups(graph, view, sched, ops, decisions, swap_reads, *, xla=False):
     return copies, reads, (ties.count if ties is not None else 0)
 
 
-def _shaped_like(view, original, copy, *, shapeless=False):
+def _shaped_like(view, original, copy):
     """``copy`` (a recomputed or swapped-in tensor), or where Grappler gives it a shape of
-    its own, ``copy`` reshaped to ``original``'s shape: the static shape, or where that is
-    not fully known, ``tf.shape`` of the original, taken as it is made. A dimension unknown
-    when the graph is built (a fed ``[None, ...]`` batch) is a symbol to Grappler, and an
-    op whose shape function checks its input's rank (a matmul, a batch norm) makes new
-    symbols in each copy; ``shapeless`` copies (the emulated host's, a ``numpy_function``)
-    have no shape at all to Grappler, static or not. Grappler then cannot prove the
-    gradient's broadcasting sums and reshapes no-ops, or the operands of a product tree
-    alike, and regroups the tree apart from plain's. Reshaped, the copy has the original's
-    shape. Element-wise ops pass their input's symbols on, and sums, products and merged
-    kernels are left alone where the shape is read from the original (a reshape between
-    them would part what Grappler joins; a shape read of the original would make it read
-    twice)."""
-    if original.shape.rank is None or not original.dtype.is_floating:
-        return copy
-    if original.shape.is_fully_defined():
-        if not shapeless:
-            return copy
-        shape = original.shape.as_list()
-    elif not shapeless and copy.op.type in simulate.FORWARDING_OPS \
+    its own, ``copy`` reshaped to ``original``'s runtime shape (``tf.shape`` of the
+    original, taken as it is made). A dimension unknown when the graph is built (a fed
+    ``[None, ...]`` batch) is a symbol to Grappler; an op whose shape function checks its
+    input's rank (a matmul, a batch norm) makes new symbols in each copy, and the emulated
+    host's copy (a ``numpy_function``) has no shape at all: Grappler then cannot prove the
+    gradient's broadcasting sums and reshapes no-ops, keeps them between products it
+    regroups in plain's graph, and the values round apart. Reshaped, the copy has the
+    original's symbols. Element-wise ops pass their input's symbols on, and sums, products
+    and merged kernels are left alone (a reshape between them would part what Grappler
+    joins; a shape read of the original would make it read twice)."""
+    op = copy.op
+    if original.shape.rank is None or original.shape.is_fully_defined() \
+            or not original.dtype.is_floating or op.type in simulate.FORWARDING_OPS \
             or schedule_mod.regrouped(view, original.op.name) \
             or view.tensors[original.name].merged:
         return copy
-    else:
-        with tf.device(original.device):
-            shape = standins.beside(original.op.name, "shape",
-                                    lambda n: tf.shape(original, name=n))
+    with tf.device(original.device):
+        shape = standins.beside(original.op.name, "shape", lambda n: tf.shape(original, name=n))
     with tf.device(copy.device):
-        return standins.beside(copy.op.name, "shaped", lambda n: tf.reshape(copy, shape, name=n))
+        return standins.beside(op.name, "shaped", lambda n: tf.reshape(copy, shape, name=n))
 
 
 class _XlaTies:
