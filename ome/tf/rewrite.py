@@ -547,11 +547,11 @@ def _copy_groups(graph, view, sched, ops, decisions, swap_reads, *, xla=False):
     where Grappler cannot know its shape for the original's, the copy reshaped to it
     (:func:`_shaped_like`; not under ``xla``, which compiles static shapes). A group's
     first copies, those reading no copy of the same group, wait for its triggers (and its
-    leaves); the others wait for them through the tensors they read. Under ``xla`` (:class:`_XlaTies`) the copies read the group's
-    saved inputs through an optimization barrier with the triggers' outputs, and each
-    copy reading no tied copy reads one input tied to them by data. ``swap_reads``: what
-    a copy reads for a swapped tensor (its swap-in, reshaped as :func:`_shaped_like`
-    says)."""
+    leaves); the others wait for them through the tensors they read. Under ``xla``
+    (:class:`_XlaTies`) the copies read the group's saved inputs through an optimization
+    barrier with the triggers' outputs, and each copy reading no tied copy reads one input
+    tied to them by data. ``swap_reads``: what a copy reads for a swapped tensor (its
+    swap-in, reshaped as :func:`_shaped_like` says)."""
     group_of = {op: g for g in sched.groups for op in g.ops}
     copies, reads = {}, {}
     # (id of a group, name of a tensor it reads from outside) -> the gate its copies read
