@@ -31,6 +31,7 @@ class Solver(enum.Enum):
     AUTO = "select.auto's plan: no solver plan did better"
     PLAIN = "plain backprop fits"  # nothing to recompute or swap
     REFERENCE = "the reference mode's plan: no solver plan was faster"  # optimal_within
+    SWAPPED = "every tensor it may swap swapped (LMS's plan): no solver plan did better"
 
     @property
     def solved(self):

@@ -11,7 +11,7 @@ import math
 
 from ome import errors
 from ome.core import simulate
-from ome.policies.search import fitted_or_smallest, optimal
+from ome.policies.search import fitted_or_smallest, optimal, swapping_everything
 from ome.core import schedule as schedule_mod
 from ome.core.costs import STATIC, added_seconds
 from ome.core.plans import make_plan, with_estimates, with_gradient_holds
@@ -45,7 +45,8 @@ def _predicted_as_planned(view, plan, model, hold_gradients):
 
 # The least share of the simulated peak swap="auto"'s swaps (and the descent's plans)
 # must save: the simulator's tolerance (benchmark.py --simulator-check). Swaps predicted
-# to save less raised the measured peak (docs/RESULTS.md).
+# to save less raised the measured peak (docs/RESULTS.md). Swaps at no higher peak must
+# save that share of the added time instead.
 SWAP_MIN_SAVING = 0.05
 # The shares of a plan's simulated peak :func:`_descent` tries in turn, for swap="auto" and
 # lowest_at_no_more_time, while a plan fits them at no more added time than the plan.
@@ -159,33 +160,57 @@ XLA_MIN_SAVING = 0.05
 
 
 def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=False):
-    """``plan``, or a plan with swaps that predicts a lower peak at no more added time.
+    """``plan``, or a plan with swaps that predicts a lower peak, or the same peak in less
+    time, adding no more time than ``plan`` nor than swapping every tensor (LMS's plan,
+    :func:`ome.policies.search.swapping_everything`), whichever is less.
 
-    For each share of ``plan``'s simulated peak in :data:`DESCENT_SHARES` in turn,
-    :func:`ome.policies.search.optimal` with the host keeps, recomputes or swaps each tensor for
-    the least added time under it; the lowest limit whose plan swaps and adds no more
-    time than ``plan`` wins. Swapping ``plan``'s own checkpoints would not do: the peak of
-    a plan of cuts is the recomputation of its first segment, when every later checkpoint
-    is freed already; with the host, the plan itself changes (more tensors kept on the
-    host, fewer recomputed). ``hold_gradients``: both held, as :func:`ome.policies.search.optimal`
-    plans them.
+    First :func:`ome.policies.search.optimal`'s smallest-peak plan with the host: taken when
+    it swaps, adds no more than that time and either predicts a peak
+    :data:`SWAP_MIN_SAVING` lower than ``plan``'s or one no higher (within
+    :data:`MIN_SAVING`: ``plan`` may be at the smallest peak already) adding that share
+    less time than ``plan``. Else, for each share of ``plan``'s simulated peak in
+    :data:`DESCENT_SHARES` in turn, the optimal plan under it; the lowest whose plan
+    swaps and adds no more than that time wins. Swapping ``plan``'s own checkpoints would
+    not do: the peak of a plan of cuts is the recomputation of its first segment, when
+    every later checkpoint is freed already; with the host, the plan itself changes
+    (more tensors kept on the host, fewer recomputed). ``hold_gradients``: both held, as
+    :func:`ome.policies.search.optimal` plans them.
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
-    found, why = _descent(view, peak, seconds, plan.policy, model=model, pins=pins,
-                          host_device=host_device, hold_gradients=hold_gradients)
-    swapping = [candidate for candidate in found if candidate.schedule.swaps]
-    chosen = swapping[-1] if swapping else None
-    if chosen is None:
-        log.info("swap='auto': no plan with swaps predicts a peak %.0f%% below %s at no more "
-                 "added time (%s); none swapped", 100 * SWAP_MIN_SAVING, format_bytes(peak),
-                 why or "the plans below it swap nothing")
-        return plan
+    search = dict(model=model, pins=pins, host_device=host_device)
+    everything = swapping_everything(view, **search)
+    bound = seconds if everything is None else \
+        min(seconds, everything.estimates["added_seconds"])
+    smallest = optimal(view, hold_gradients=hold_gradients, **search)
+    lower, added = smallest.estimates["device_peak"], smallest.estimates["added_seconds"]
+    saving = 1 - SWAP_MIN_SAVING
+    # no higher: within what the replay tells apart (``plan`` may be at the floor already)
+    if smallest.schedule.swaps and added <= bound and (
+            lower <= saving * peak or lower <= (1 + MIN_SAVING) * peak and
+            added <= saving * seconds):
+        chosen, why = smallest, ""
+    else:
+        found, why = _descent(view, peak, bound, plan.policy if bound == seconds else
+                              "swapping every tensor", floor=lower,
+                              hold_gradients=hold_gradients, **search)
+        swapping = [candidate for candidate in found if candidate.schedule.swaps]
+        if not swapping:
+            log.info("swap='auto': no plan with swaps predicts a peak %.0f%% below %s at no "
+                     "more added time, nor that peak at %.0f%% less (%s); none swapped",
+                     100 * SWAP_MIN_SAVING, format_bytes(peak), 100 * SWAP_MIN_SAVING,
+                     why or "the plans below it swap nothing")
+            return plan
+        chosen = swapping[-1]
     log.info("swap='auto': %d tensors swapped, %d ops recomputed: simulated peak %s -> %s, "
-             "added time %.3f s -> %.3f s a step%s", len(chosen.schedule.swaps),
-             len(chosen.schedule.copied_ops), format_bytes(peak),
+             "added time %.3f s -> %.3f s a step (swapping every tensor: %s)%s",
+             len(chosen.schedule.swaps), len(chosen.schedule.copied_ops), format_bytes(peak),
              format_bytes(chosen.estimates["device_peak"]), seconds,
-             chosen.estimates["added_seconds"], f" (lower: {why})" if why else "")
+             chosen.estimates["added_seconds"],
+             "none can be" if everything is None else
+             f"{format_bytes(everything.estimates['device_peak'])}, "
+             f"{everything.estimates['added_seconds']:.3f} s",
+             f" (lower: {why})" if why else "")
     return dataclasses.replace(chosen, policy=f"{plan.policy}+swap")
 
 

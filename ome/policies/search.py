@@ -116,6 +116,18 @@ def optimal(view, *, limit=None, model=STATIC, pins=None, host_device=None,
     return search.finished(search.fit(limit), limit)
 
 
+def swapping_everything(view, *, model=STATIC, pins=None, host_device=None):
+    """LMS's plan, as :func:`optimal` weighs it: every tensor it may swap, swapped, the
+    gradients not held, with its ``device_peak`` and ``added_seconds`` estimates; None
+    without a ``host_device`` or where nothing can be swapped."""
+    search = Search(Problem(view, model, pins, host_device), math.inf)
+    trial = search.swapped()
+    if trial is None:
+        return None
+    return replace(trial.plan, solver=Solver.SWAPPED, estimates=dict(
+        device_peak=float(trial.peak), added_seconds=float(trial.seconds)))
+
+
 def fitted_or_smallest(view, limit, *, model=STATIC, pins=None, host_device=None,
                        time_limit=DEFAULT_TIME_LIMIT, hold_gradients=False):
     """``optimal(view, limit=limit, ...)``, or where no plan fits ``limit``, the plan of
@@ -186,6 +198,7 @@ class Search:
         tried) and solve again; then polish the cheapest fitting plan."""
         if self.plain().peak <= limit:
             return self.plain()
+        self.swapped()
         target, bracket, previous = self.corrected(limit), Bracket(float(limit)), None
         solved_for = None
         stepped = 0
@@ -238,6 +251,7 @@ class Search:
         """The smallest simulated peak of the program's min-peak plan (descended) and
         ``select.auto``'s, then the cheapest plan found at that peak."""
         self.auto()
+        self.swapped()
         # Proving the smallest peak is the hard part (a weak LP bound): keep time for
         # the cheapest plan at the peak found.
         trial = self.min_peak(seconds=self.remaining() / 2)
@@ -342,6 +356,17 @@ class Search:
         return self.cached(Solver.AUTO, lambda: _held(problem, select.auto(
             problem.view, pins=problem.pins or None, host_device=problem.host_device)))
 
+    def swapped(self):
+        """With a host, the plan swapping every tensor the program may swap, its gradients
+        not held: LMS's plan (None without a host). The program's stages can price it over
+        a limit its replay fits and recompute where it swaps (docs/ALGORITHM.md, section
+        7)."""
+        problem = self.problem
+        if problem.host_device is None or not problem.swap:
+            return None
+        return self.cached(Solver.SWAPPED, lambda: _plan(
+            problem, dict.fromkeys(problem.swap, Decision.SWAP), held=False))
+
     def cached(self, status, make):
         for trial in self.trials:
             if trial.status == status:
@@ -402,7 +427,7 @@ class Search:
     def finished(self, trial, limit):
         """``trial``'s plan under the "optimal" policy name, with its estimates."""
         plan = trial.plan
-        if trial.status in (Solver.AUTO, Solver.PLAIN):
+        if trial.status in (Solver.AUTO, Solver.PLAIN, Solver.SWAPPED):
             log.info("optimal: %s", trial.status.value)
             plan = replace(plan, tensors=tuple(
                 replace(t, reason=f"{t.reason} ({trial.status.value})")
@@ -478,9 +503,10 @@ class Bracket:
         return self.low + 0.1 * self.limit
 
 
-def _plan(problem, decisions):
+def _plan(problem, decisions, held=True):
     """The Plan for solver decisions (every variable tensor listed; forced keeps and pins
-    on top); its checkpoints are the boundaries its recomputations start from."""
+    on top); its checkpoints are the boundaries its recomputations start from; its
+    gradients held where ``problem`` plans so and ``held``."""
     view = problem.view
     decisions = {t: d for t, d in decisions.items() if d != Decision.KEEP}
     reasons = {t: f"optimal: {d.value}" for t, d in decisions.items()}
@@ -492,8 +518,9 @@ def _plan(problem, decisions):
     plan = make_plan(view, decisions, reasons, "optimal", host_device=problem.host_device)
     boundaries = {b for g in plan.schedule.groups for b in g.boundaries
                   if not view.tensors[b].persistent}
-    return _held(problem, replace(plan, checkpoints=tuple(sorted(
-        boundaries, key=lambda t: view.position[view.tensors[t].op]))))
+    plan = replace(plan, checkpoints=tuple(sorted(
+        boundaries, key=lambda t: view.position[view.tensors[t].op])))
+    return _held(problem, plan) if held else plan
 
 
 def _held(problem, plan):

@@ -470,6 +470,30 @@ def test_the_smallest_peak_undoes_what_the_min_peak_program_over_recomputes():
     assert smallest.recomputed == ("f0:0",) and smallest.estimates["polished"] == 1
 
 
+def test_a_plan_with_a_host_is_never_dearer_than_swapping_every_tensor():
+    """Found by hypothesis: under 8 MiB (the peak of swapping every tensor), the
+    program's plan recomputes f0 and swaps f1, dearer than swapping every tensor, which
+    its stages price over the limit. Swapping every tensor (LMS's plan) is a candidate."""
+    view = view_of_specs([("f0", "Tanh", ["x:0"], 1e9), ("f1", "Tanh", ["x:0"], 1e9),
+                          ("f2", "Tanh", ["x:0"], 1e9), ("f3", "Tanh", ["f0:0"], 1e9),
+                          ("f4", "MatMul", ["f1:0"], 1e9), ("f5", "Mul", ["f2:0", "f4:0"], 1e9)],
+                         {"f0:0": MiB, "f1:0": MiB, "f2:0": MiB, "f3:0": MiB,
+                          "f4:0": 3 * MiB, "f5:0": 3 * MiB})
+    model = CostModel(bandwidth=2e11, transfer_overlap=0.0)  # no copy hides behind compute
+    everything = search.swapping_everything(view, model=model, host_device=HOST)
+    assert everything.swapped == ("f0:0", "f1:0", "f2:0", "f3:0", "f4:0")
+    limit = 8 * MiB + 8
+    assert everything.estimates["device_peak"] == limit
+    programs = make_plan(view, {"f0:0": Decision.RECOMPUTE, "f1:0": Decision.SWAP}, {},
+                         "by hand", host_device=HOST)
+    assert simulate.simulate(view, programs, model).device_peak <= limit
+    assert costs.added_seconds(view, programs, model) > \
+        2 * everything.estimates["added_seconds"]
+    plan = search.optimal(view, limit=limit, model=model, host_device=HOST)
+    assert plan.estimates["added_seconds"] <= everything.estimates["added_seconds"]
+    assert plan.solver == Solver.SWAPPED and not plan.recomputed
+
+
 def test_with_held_gradients_the_planner_plans_the_order_holding_makes_safe():
     # tests/core/test_schedule.py's resource_variables in tf.gradients' order (g_a before g_w2):
     # kept or recomputed in that order, a (5 MiB) is live beside g_b, g_a and g_w2 (13

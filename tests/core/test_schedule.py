@@ -652,14 +652,15 @@ def test_swap_auto_finds_the_lowest_peak_with_swaps_at_no_more_added_time(caplog
     # in the forward pass, at t5; keeping t5 too would peak at backprop's seed (t5, t6,
     # t7, y's 4 bytes and the seed's 8)
     assert simulate.simulate(view, swapped, FREE_TRANSFERS).device_peak == 3 * MiB + 4
-    assert sorted(swapped.swapped) == ["t0:0", "t1:0", "t2:0", "t3:0", "t4:0", "t5:0"]
+    # (t6 and t7 may go too: read first in backprop, their swaps save nothing and cost
+    # nothing here)
+    assert {"t0:0", "t1:0", "t2:0", "t3:0", "t4:0", "t5:0"} <= set(swapped.swapped)
     kept_t5 = planner.with_swaps(view, select.keep_all(view), ["t0:0", "t1:0", "t2:0",
                                  "t3:0", "t4:0"], "/device:CPU:1", reason="test")
     assert simulate.simulate(view, kept_t5, FREE_TRANSFERS).device_peak == 3 * MiB + 12
     assert swapped.policy == "explicit+swap" and swapped.swapped
     assert not swapped.schedule.copied_ops
     assert "simulated peak 5.0 MiB -> 3.0 MiB" in caplog.text
-    assert "lower: no plan fits 2.5 MiB" in caplog.text
 
 
 def test_the_descent_halves_the_gap_below_its_last_share_that_gave_a_plan(monkeypatch):
@@ -699,16 +700,32 @@ def test_swap_auto_keeps_the_plan_when_swaps_cost_more_time_than_its_recomputati
 
 
 def test_swap_auto_leaves_the_plan_when_no_swap_saves_enough(caplog):
-    # a 100 MiB last layer dominates the peak: no plan gets 5% below 105 MiB
+    # a 100 MiB last layer dominates the peak: no plan gets 5% below 105 MiB, and copies
+    # cost nothing, so no swap saves time either
     view = tanh_chain(8, {"t7:0": 100 * MiB})
     plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
     everything = planner.with_swaps(view, plan, ["t1:0", "t3:0"], "/device:CPU:1", reason="r")
-    assert simulate.simulate(view, plan, INSTANT_COPIES).device_peak == 105 * MiB + 8
-    assert simulate.simulate(view, everything, INSTANT_COPIES).device_peak == 103 * MiB + 8
+    free_copies = CostModel(bandwidth=1e18, op_seconds={op: 0.0 for op in view.forward})
+    assert simulate.simulate(view, plan, free_copies).device_peak == 105 * MiB + 8
+    assert simulate.simulate(view, everything, free_copies).device_peak == 103 * MiB + 8
     with caplog.at_level("INFO", logger="ome.policies.planner"):
-        unchanged = planner.swap_auto(view, plan, "/device:CPU:1", INSTANT_COPIES)
+        unchanged = planner.swap_auto(view, plan, "/device:CPU:1", free_copies)
     assert unchanged is plan and not unchanged.swapped
     assert "no plan fits 99.8 MiB" in caplog.text and "none swapped" in caplog.text
+
+
+def test_swap_auto_takes_swaps_that_save_time_at_no_higher_peak(caplog):
+    # the same graph with copies at 1 GFLOP/s and free transfers: swapping everything
+    # peaks 3 MiB lower (under 5%), and adds no time where the plan's copies add some
+    view = tanh_chain(8, {"t7:0": 100 * MiB})
+    plan = select.explicit(view, ["t1:0", "t3:0", "t5:0"])
+    with caplog.at_level("INFO", logger="ome.policies.planner"):
+        swapped = planner.swap_auto(view, plan, "/device:CPU:1", FREE_TRANSFERS)
+    assert swapped.policy == "explicit+swap" and not swapped.schedule.copied_ops
+    assert {"t0:0", "t1:0", "t2:0", "t3:0", "t4:0", "t5:0"} <= set(swapped.swapped)
+    assert swapped.estimates["added_seconds"] == 0.0
+    assert swapped.estimates["device_peak"] == 102 * MiB + 8
+    assert "simulated peak 105.0 MiB -> 102.0 MiB" in caplog.text
 
 
 def test_auto_with_costs_takes_the_optimal_plan_when_it_is_no_higher_and_faster(caplog):
