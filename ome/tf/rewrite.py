@@ -259,10 +259,7 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
             else:
                 tied = _tied_after(op.inputs, waits, op.name) if xla else None
                 if tied is None:
-                    i = _gated_input(op.inputs, op.type)
-                    gate = _gated(op.inputs[i], waits)
-                    for j in _same_reads(op.inputs, i):
-                        tfprivate.update_input(op, j, gate)
+                    _wait_for(op, waits)
                 else:
                     tfprivate.update_input(op, *tied)
             waited += 1
@@ -496,15 +493,18 @@ def _respecting_dependencies(graph, chain):
 
 
 def _wait_for(op, waited):
-    """Make existing ``op`` (a fence or a deferred backward op: it reads a tensor made in
-    the step) run after the ops ``waited``: through :func:`_gated` on the input
-    :func:`_gated_input` picks, as the chain's ops wait; by control inputs where no input
-    can wait (resources and variants only)."""
+    """Make existing ``op`` (a chained event, a fence or a deferred backward op: it reads a
+    tensor made in the step) run after the ops ``waited``: through :func:`_gated` on the
+    input :func:`_gated_input` picks, every read of that tensor through the one gate
+    (:func:`_same_reads`); by control inputs where no input can wait (resources and
+    variants only)."""
     i = _gated_input(op.inputs, op.type)
     if i is None:
         tfprivate.add_control_inputs(op, waited)
-    else:
-        tfprivate.update_input(op, i, _gated(op.inputs[i], waited))
+        return
+    gate = _gated(op.inputs[i], waited)
+    for j in _same_reads(op.inputs, i):
+        tfprivate.update_input(op, j, gate)
 
 
 _MATERIALIZED = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
