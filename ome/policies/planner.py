@@ -164,44 +164,46 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=F
     time, adding no more time than ``plan`` nor than swapping every tensor (LMS's plan,
     :func:`ome.policies.search.swapping_everything`), whichever is less.
 
-    First :func:`ome.policies.search.optimal`'s smallest-peak plan with the host: taken when
-    it swaps, adds no more than that time and either predicts a peak
-    :data:`SWAP_MIN_SAVING` lower than ``plan``'s or one no higher (within
-    :data:`MIN_SAVING`: ``plan`` may be at the smallest peak already) adding that share
-    less time than ``plan``. Else, for each share of ``plan``'s simulated peak in
-    :data:`DESCENT_SHARES` in turn, the optimal plan under it; the lowest whose plan
-    swaps and adds no more than that time wins. Swapping ``plan``'s own checkpoints would
-    not do: the peak of a plan of cuts is the recomputation of its first segment, when
-    every later checkpoint is freed already; with the host, the plan itself changes
-    (more tensors kept on the host, fewer recomputed). ``hold_gradients``: both held, as
+    In turn, with the host: :func:`ome.policies.search.optimal`'s smallest-peak plan, where
+    it predicts a peak :data:`SWAP_MIN_SAVING` below ``plan``'s; its plans under each
+    share of ``plan``'s simulated peak in :data:`DESCENT_SHARES`, the lowest; its plan at
+    ``plan``'s peak (within :data:`MIN_SAVING`: ``plan`` may be at the smallest peak
+    already), where it adds that share less time than ``plan``. The first found that swaps
+    and adds no more than that time wins. Swapping ``plan``'s own checkpoints would not
+    do: the peak of a plan of cuts is the recomputation of its first segment, when every
+    later checkpoint is freed already; with the host, the plan itself changes (more
+    tensors kept on the host, fewer recomputed). ``hold_gradients``: both held, as
     :func:`ome.policies.search.optimal` plans them.
     """
     before = _predicted_as_planned(view, plan, model, hold_gradients)
     peak, seconds = before.estimates["device_peak"], before.estimates["added_seconds"]
-    search = dict(model=model, pins=pins, host_device=host_device)
-    everything = swapping_everything(view, **search)
-    bound = seconds if everything is None else \
-        min(seconds, everything.estimates["added_seconds"])
-    smallest = optimal(view, hold_gradients=hold_gradients, **search)
-    lower, added = smallest.estimates["device_peak"], smallest.estimates["added_seconds"]
+    search = dict(model=model, pins=pins, host_device=host_device,
+                  hold_gradients=hold_gradients)
+    everything = swapping_everything(view, model=model, pins=pins, host_device=host_device)
+    if everything is None or everything.estimates["added_seconds"] >= seconds:
+        bound, bounded_by = seconds, plan.policy
+    else:
+        bound, bounded_by = everything.estimates["added_seconds"], "swapping every tensor"
     saving = 1 - SWAP_MIN_SAVING
-    # no higher: within what the replay tells apart (``plan`` may be at the floor already)
-    if smallest.schedule.swaps and added <= bound and (
-            lower <= saving * peak or lower <= (1 + MIN_SAVING) * peak and
-            added <= saving * seconds):
+    smallest = optimal(view, **search)
+    lower, added = smallest.estimates["device_peak"], smallest.estimates["added_seconds"]
+    if smallest.schedule.swaps and lower <= saving * peak and added <= bound:
         chosen, why = smallest, ""
     else:
-        found, why = _descent(view, peak, bound, plan.policy if bound == seconds else
-                              "swapping every tensor", floor=lower,
-                              hold_gradients=hold_gradients, **search)
+        found, why = _descent(view, peak, bound, bounded_by, floor=lower, **search)
         swapping = [candidate for candidate in found if candidate.schedule.swaps]
-        if not swapping:
+        level, _ = _within(view, int((1 + MIN_SAVING) * peak), min(bound, saving * seconds),
+                           bounded_by, 0, search) if not swapping else (None, "")
+        if swapping:
+            chosen = swapping[-1]
+        elif level is not None and level.schedule.swaps:
+            chosen = level
+        else:
             log.info("swap='auto': no plan with swaps predicts a peak %.0f%% below %s at no "
                      "more added time, nor that peak at %.0f%% less (%s); none swapped",
                      100 * SWAP_MIN_SAVING, format_bytes(peak), 100 * SWAP_MIN_SAVING,
                      why or "the plans below it swap nothing")
             return plan
-        chosen = swapping[-1]
     log.info("swap='auto': %d tensors swapped, %d ops recomputed: simulated peak %s -> %s, "
              "added time %.3f s -> %.3f s a step (swapping every tensor: %s)%s",
              len(chosen.schedule.swaps), len(chosen.schedule.copied_ops), format_bytes(peak),

@@ -494,6 +494,29 @@ def test_a_plan_with_a_host_is_never_dearer_than_swapping_every_tensor():
     assert plan.solver == Solver.SWAPPED and not plan.recomputed
 
 
+def test_swap_auto_takes_the_same_peak_faster_and_never_a_plan_slower_than_swapping_all():
+    """Found by hypothesis: f0 feeds two branches. Recomputing f0 peaks at 4 MiB; the
+    smallest peak with the host (3 MiB) adds more time than that; swapping every tensor
+    peaks at 4 MiB (and 4 bytes) in well under its time. swap="auto" takes a plan at that
+    peak, faster than swapping everything, where it used to keep the recomputation."""
+    view = view_of_specs([("f0", "Tanh", ["x:0"], 1e9), ("f1", "Tanh", ["f0:0"], 1e9),
+                          ("f2", "Sin", ["f1:0"], 1e9), ("f3", "Tanh", ["f0:0"], 1e9)],
+                         {f"f{i}:0": MiB for i in range(4)})
+    model = CostModel(bandwidth=5e10, transfer_overlap=0.0)
+    recompute = search.optimal(view, model=model)
+    assert recompute.recomputed == ("f0:0",)
+    peak, seconds = (recompute.estimates[k] for k in ("device_peak", "added_seconds"))
+    smallest = search.optimal(view, model=model, host_device=HOST)
+    assert smallest.estimates["device_peak"] < peak
+    assert smallest.estimates["added_seconds"] > seconds
+    everything = search.swapping_everything(view, model=model, host_device=HOST)
+    assert everything.estimates["added_seconds"] < 0.95 * seconds
+    swapped = planner.swap_auto(view, recompute, HOST, model)
+    assert swapped.swapped and not swapped.recomputed
+    assert swapped.estimates["device_peak"] <= (1 + planner.MIN_SAVING) * peak
+    assert swapped.estimates["added_seconds"] <= everything.estimates["added_seconds"]
+
+
 def test_with_held_gradients_the_planner_plans_the_order_holding_makes_safe():
     # tests/core/test_schedule.py's resource_variables in tf.gradients' order (g_a before g_w2):
     # kept or recomputed in that order, a (5 MiB) is live beside g_b, g_a and g_w2 (13
