@@ -192,18 +192,17 @@ def swap_auto(view, plan, host_device, model=STATIC, pins=None, hold_gradients=F
     else:
         found, why = _descent(view, peak, bound, bounded_by, floor=lower, **search)
         swapping = [candidate for candidate in found if candidate.schedule.swaps]
-        level, _ = _within(view, int((1 + MIN_SAVING) * peak), min(bound, saving * seconds),
-                           bounded_by, 0, search) if not swapping else (None, "")
-        if swapping:
-            chosen = swapping[-1]
-        elif level is not None and level.schedule.swaps:
-            chosen = level
-        else:
+        if not swapping:  # the same peak, faster
+            level, _ = _within(view, int((1 + MIN_SAVING) * peak),
+                               min(bound, saving * seconds), bounded_by, 0, search)
+            swapping = [level] if level is not None and level.schedule.swaps else []
+        if not swapping:
             log.info("swap='auto': no plan with swaps predicts a peak %.0f%% below %s at no "
                      "more added time, nor that peak at %.0f%% less (%s); none swapped",
                      100 * SWAP_MIN_SAVING, format_bytes(peak), 100 * SWAP_MIN_SAVING,
                      why or "the plans below it swap nothing")
             return plan
+        chosen = swapping[-1]
     log.info("swap='auto': %d tensors swapped, %d ops recomputed: simulated peak %s -> %s, "
              "added time %.3f s -> %.3f s a step (swapping every tensor: %s)%s",
              len(chosen.schedule.swaps), len(chosen.schedule.copied_ops), format_bytes(peak),
