@@ -129,6 +129,10 @@ def forced_keep(view):
     return view.derived("forced_keep", lambda: _forced_keep(view))
 
 
+# Functional conds: their first input is the predicate.
+_CONDS = frozenset({"If", "StatelessIf"})
+
+
 def _forced_keep(view):
     found = {}
     early_targets = _early_targets(view)
@@ -141,7 +145,11 @@ def _forced_keep(view):
             found[t] = "its rank is unknown: no size to plan a copy with"
             continue
         for reader in view.value_readers(t):
-            if not view.ops[reader].reroutable:
+            if view.ops[reader].type in _CONDS and view.ops[reader].inputs[0] == t:
+                # a copy a rounding apart (a sum that is 0.0) would take the other branch,
+                # whose intermediates the forward pass never made
+                found[t] = f"the predicate of {reader}"
+            elif not view.ops[reader].reroutable:
                 found[t] = f"read by {reader} inside a TF1 loop or cond"
             elif reader in view.seeds or (reader not in view.main
                                           and early_targets.get(reader) is None):
