@@ -129,8 +129,8 @@ def forced_keep(view):
     return view.derived("forced_keep", lambda: _forced_keep(view))
 
 
-# Functional conds: their first input is the predicate.
-_CONDS = frozenset({"If", "StatelessIf"})
+# Functional conds and switch cases: their first input is the predicate or branch index.
+_CONDS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
 
 
 def _forced_keep(view):

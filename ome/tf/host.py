@@ -397,7 +397,13 @@ def copy_to_host(tensor, host_device, *, emulated, name=None):
         on_host = tf.numpy_function(_EMULATED_HOST.copy, [tensor], tensor.dtype,
                                     stateful=True, name=name)
         on_host.set_shape(tensor.shape)
-        return on_host
+        if tensor.shape.rank is None or not tensor.dtype.is_floating:
+            return on_host
+        # Grappler sees no shape on a numpy_function's output; without one it cannot prove
+        # the gradient's reshapes and broadcasting sums no-ops next to the copy, and rounds
+        # apart from plain backprop (docs/ALGORITHM.md, section 4). EnsureShape passes the
+        # buffer on.
+        return tf.ensure_shape(on_host, tensor.shape, name=f"{on_host.op.name}_shape")
 
 
 def copy_to_device(tensor, device, *, emulated, name=None):

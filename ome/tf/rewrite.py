@@ -144,12 +144,15 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
     swaps = {s.tensor: s for s in sched.swaps}
 
     def make_swap_out(tensor):
+        source = graph.get_tensor_by_name(tensor)
         with tf.name_scope("swap"):
-            out = swap_out(graph.get_tensor_by_name(tensor), plan.host_device,
-                           emulated=emulated)
+            out = swap_out(source, plan.host_device, emulated=emulated)
         swapped_out[tensor] = out
         info.swapped.append(tensor)
-        info.event_ops[out.op.name] = ("swap_out", tensor)
+        op = out.op
+        while op is not source.op:  # the copy and what follows it on the host
+            info.event_ops[op.name] = ("swap_out", tensor)
+            op = op.inputs[0].op
 
     def make_swap_in(tensor):
         if tensor not in swapped_out:

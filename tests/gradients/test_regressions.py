@@ -607,3 +607,33 @@ def test_a_conds_predicate_is_kept_and_never_recomputed(graph):
     with tf.compat.v1.Session() as sess:
         feed = {x: np.random.RandomState(0).rand(64, 32)}
         np.testing.assert_array_equal(*sess.run([expected, grads[0]], feed))
+
+
+def test_a_swapped_in_tensor_keeps_its_static_shape_through_the_host(graph):
+    # The emulated host's copy is a numpy_function, whose output Grappler sees without a
+    # shape: it then could not prove the GELU gradient's broadcasting sums and reshapes
+    # no-ops next to the swapped-in tensor's readers and rounded apart from plain's graph
+    rng = np.random.RandomState(0)
+    w = tf.compat.v1.get_variable(
+        "w", initializer=rng.uniform(-1, 1, (128, 16)).astype(np.float32), use_resource=True)
+    swapped = tf.tanh(w)
+    h = tf.sin(swapped)
+    y = tf.reduce_sum(tf.nn.gelu(tf.exp(tf.sin(h) * h), approximate=False))
+    plan, _ = compare([y], [w], {}, checkpoints=[swapped], swap=[swapped],
+                      host_device="/device:CPU:1")
+    assert plan.swapped
+
+
+def test_a_switch_cases_branch_index_is_kept_and_never_recomputed(graph):
+    # as a cond's predicate: an index computed from a rounding (here, a sum that is 0.0)
+    x = tf.compat.v1.placeholder(tf.float32, (64, 32))
+    h = tf.tanh(tf.sin(x))
+    index = tf.cast(tf.reduce_sum(h * 0.0) > 0, tf.int32)
+    y = tf.reduce_sum(tf.switch_case(index, [lambda: tf.tanh(h), lambda: tf.sin(h)]))
+    expected = tf.gradients(y, x)[0]
+    grads, (plan, _) = ome.gradients([y], [x], checkpoints=[], return_info=True)
+    assert plan.recomputed and index.name not in plan.recomputed
+    assert "the predicate of" in next(t.reason for t in plan.tensors if t.tensor == index.name)
+    with tf.compat.v1.Session() as sess:
+        feed = {x: np.random.RandomState(0).rand(64, 32)}
+        np.testing.assert_array_equal(*sess.run([expected, grads[0]], feed))
