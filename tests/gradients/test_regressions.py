@@ -592,14 +592,22 @@ def test_a_sum_of_a_tensor_with_itself_is_recomputed_and_differentiated_as_plain
     assert plan.recomputed
 
 
-def test_a_conds_predicate_is_kept_and_never_recomputed(graph):
-    # A cond's gradient takes the branch its predicate says: a recomputed predicate a
-    # rounding apart from the forward's (a sum that is 0.0, as a normalised tensor's can
-    # be) would take the other branch, whose intermediates the forward pass never made
+@pytest.mark.parametrize("branching", ["cond", "switch_case"])
+def test_a_conds_predicate_is_kept_and_never_recomputed(graph, branching):
+    # A cond's gradient takes the branch its predicate says (a switch case's, its index):
+    # a recomputed predicate a rounding apart from the forward's (a sum that is 0.0, as a
+    # normalised tensor's can be) would take the other branch, whose intermediates the
+    # forward pass never made
     x = tf.compat.v1.placeholder(tf.float32, (64, 32))
     h = tf.tanh(tf.sin(x))
     pred = tf.reduce_sum(h * 0.0) > 0
-    y = tf.reduce_sum(tf.cond(pred, lambda: tf.tanh(h), lambda: tf.sin(h)))
+    branches = [lambda: tf.tanh(h), lambda: tf.sin(h)]
+    if branching == "cond":
+        chosen = tf.cond(pred, *branches)
+    else:
+        pred = tf.cast(pred, tf.int32)
+        chosen = tf.switch_case(pred, branches)
+    y = tf.reduce_sum(chosen)
     expected = tf.gradients(y, x)[0]
     grads, (plan, _) = ome.gradients([y], [x], checkpoints=[], return_info=True)
     assert plan.recomputed and pred.name not in plan.recomputed
@@ -622,18 +630,3 @@ def test_a_swapped_in_tensor_keeps_its_static_shape_through_the_host(graph):
     plan, _ = compare([y], [w], {}, checkpoints=[swapped], swap=[swapped],
                       host_device="/device:CPU:1")
     assert plan.swapped
-
-
-def test_a_switch_cases_branch_index_is_kept_and_never_recomputed(graph):
-    # as a cond's predicate: an index computed from a rounding (here, a sum that is 0.0)
-    x = tf.compat.v1.placeholder(tf.float32, (64, 32))
-    h = tf.tanh(tf.sin(x))
-    index = tf.cast(tf.reduce_sum(h * 0.0) > 0, tf.int32)
-    y = tf.reduce_sum(tf.switch_case(index, [lambda: tf.tanh(h), lambda: tf.sin(h)]))
-    expected = tf.gradients(y, x)[0]
-    grads, (plan, _) = ome.gradients([y], [x], checkpoints=[], return_info=True)
-    assert plan.recomputed and index.name not in plan.recomputed
-    assert "the predicate of" in next(t.reason for t in plan.tensors if t.tensor == index.name)
-    with tf.compat.v1.Session() as sess:
-        feed = {x: np.random.RandomState(0).rand(64, 32)}
-        np.testing.assert_array_equal(*sess.run([expected, grads[0]], feed))
