@@ -220,8 +220,19 @@ def added_seconds(view, plan, model):
 def window_seconds(view, name, model):
     """Compute between a tensor's swap-out and its first read in backprop: the forward
     ops after it and about twice as much backward work down to it."""
-    start = view.position[view.tensors[name].op]
-    return 3.0 * sum(model.seconds(view, op) for op in view.forward[start + 1:])
+    # keyed by the model's id, the model itself held beside its sums so the id stays its own
+    _, after = view.derived(("forward seconds after", id(model)),
+                            lambda: (model, _forward_seconds_after(view, model)))
+    return 3.0 * after[view.position[view.tensors[name].op]]
+
+
+def _forward_seconds_after(view, model):
+    """{position of a forward op: seconds of the forward ops after it}."""
+    after, total = {}, 0.0
+    for op in reversed(view.forward):
+        after[view.position[op]] = total
+        total += model.seconds(view, op)
+    return after
 
 
 def swap_cost(view, name, model):
