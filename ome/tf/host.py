@@ -401,8 +401,8 @@ def copy_to_host(tensor, host_device, *, emulated, name=None):
             return on_host
         # Grappler sees no shape on a numpy_function's output; without one it cannot prove
         # the gradient's reshapes and broadcasting sums no-ops next to the copy, and rounds
-        # apart from plain backprop (docs/ALGORITHM.md, section 4). EnsureShape passes the
-        # buffer on.
+        # apart from plain backprop more often than with it (docs/ALGORITHM.md, section 4).
+        # EnsureShape passes the buffer on.
         return tf.ensure_shape(on_host, tensor.shape, name=f"{on_host.op.name}_shape")
 
 
