@@ -83,6 +83,9 @@ def wrap(model, *, profile=None, **options):
         The TensorFlow backend is not active, the class (or instance) overrides
         ``train_step``, an option is unknown, or the model is compiled with
         ``run_eagerly=True``.
+    ome.errors.DeviceError
+        With ``memory_budget=`` and the step measuring itself, where the device's memory
+        statistics leave allocations out (a CPU without ``TF_CPU_ALLOCATOR_USE_BFC=1``).
     ome.errors.UnsupportedGraphError
         At the first step, when the model is compiled for XLA and the options swap.
 
@@ -104,13 +107,17 @@ def wrap(model, *, profile=None, **options):
             f"ome.keras.wrap: profile must be None or a bool, got {type(profile).__name__}")
     if model.compiled:
         _refuse_eager(model.run_eagerly, fix="compile the model again without it")
+    measures = _measures(options, profile)
+    if measures and options.get("memory_budget") is not None:
+        measure.check_counts_every_allocation(measure.memory_stats_device(None),
+                                              "ome.keras.wrap")
     step = vars(model).get("train_step")
     if isinstance(step, _TrainStep):
         step.options, step.overrides = options, {}
     else:
         step = model.train_step = _TrainStep(model, options)
         model.compile = _guarded_compile(model)
-    if _measures(options, profile):
+    if measures:
         model.make_train_function = _measured_train_function(model, step)
     else:
         model.make_train_function = _train_function(model)

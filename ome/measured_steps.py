@@ -54,7 +54,7 @@ from ome import errors
 from ome.core.sizes import format_bytes, parse_bytes
 from ome.policies import planner
 from ome.tf import host
-from ome.tf.measure import memory_stats, memory_stats_device
+from ome.tf.measure import check_counts_every_allocation, memory_stats, memory_stats_device
 from ome.tf.profile import profile_steps
 
 log = logging.getLogger(__name__)
@@ -272,6 +272,8 @@ class MeasuredSteps:
 
     def _first(self, *args, **kwargs):
         known = self._budget()  # None where only tracing the step tells (ome.function)
+        if known is not None:
+            check_counts_every_allocation(self.device, self.name)
         allocated = memory_stats(self.device)["current"]
         if known is not None and allocated > known:
             raise errors.BudgetError(
@@ -296,6 +298,15 @@ class MeasuredSteps:
             self.phase, self.restore = "done", None
             return out
         self.budget = self._budget()
+        if self.budget is not None and known is None:
+            try:
+                check_counts_every_allocation(self.device, self.name)
+            except errors.DeviceError as err:
+                if not self._restored():
+                    raise
+                raise errors.DeviceError(
+                    f"{err} The step's variables (weights, optimizer state) are back to "
+                    "their values before its first step.") from err
         if self.budget is None and self.host() is None and self._compiled():
             log.info("%s: under XLA the profiler sees the compiled step, not its ops, so there "
                      "are no op costs to plan from: the step keeps its plan", self.name)

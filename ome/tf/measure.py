@@ -25,6 +25,7 @@ split memory between the accelerator and the host (``shared`` where it exists, e
 import collections
 import dataclasses
 import logging
+import os
 import resource
 import statistics
 import sys
@@ -626,6 +627,23 @@ def run_step(session, fetches, feed_dict, *, phase, **kwargs):
         session.run(fetches, feed_dict=feed_dict, **kwargs)
     except tf.errors.ResourceExhaustedError as err:
         raise OutOfMemoryError(f"out of memory in a {phase} step: {err.message}") from err
+
+
+def check_counts_every_allocation(device, what):
+    """Raise :class:`DeviceError` where ``device``'s memory statistics (``'CPU:0'``, as
+    :func:`memory_stats_device` names it) leave allocations out, so that a peak read from
+    them cannot hold ``what`` (a budget) to account. TensorFlow's default CPU allocator,
+    oneDNN's, counts none below 256 KiB and only part of some larger ones; the BFC
+    allocator, and a GPU's, count every one."""
+    if not device.startswith("CPU"):
+        return
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").strip().lower() in ("1", "true"):
+        return
+    raise DeviceError(
+        f"{what}: TensorFlow's CPU allocator here (oneDNN's, the default) leaves "
+        "allocations out of its memory statistics (none below 256 KiB is counted), so no "
+        "measured peak can hold a budget. Set the environment variable "
+        "TF_CPU_ALLOCATOR_USE_BFC=1 before importing TensorFlow.")
 
 
 def memory_stats(device, *, reset=False):
