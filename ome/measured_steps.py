@@ -252,23 +252,21 @@ class MeasuredSteps:
         try:
             out = self._checked(*args, **kwargs)
         except errors.BudgetError as err:
-            if not self._restored():
-                raise
-            raise errors.BudgetError(
-                f"{err}; the step's variables (weights, optimizer state) are back to their "
-                "values before its first step") from err
+            self._refuse(err)
         if self.phase in ("held", "done"):
             self.restore = None
         return out
 
-    def _restored(self):
-        """Whether the variables were put back as they were before the first step (where
-        ``state`` copied them and no plan has held the budget since)."""
+    def _refuse(self, err):
+        """Raise ``err``, saying so where the variables were put back as they were before
+        the first step (where ``state`` copied them and no plan has held the budget
+        since)."""
         restore, self.restore = self.restore, None
         if restore is None:
-            return False
+            raise err
         restore()
-        return True
+        raise type(err)(f"{err}; the step's variables (weights, optimizer state) are back "
+                        "to their values before its first step") from err
 
     def _first(self, *args, **kwargs):
         known = self._budget()  # None where only tracing the step tells (ome.function)
@@ -302,11 +300,7 @@ class MeasuredSteps:
             try:
                 check_counts_every_allocation(self.device, self.name)
             except errors.DeviceError as err:
-                if not self._restored():
-                    raise
-                raise errors.DeviceError(
-                    f"{err} The step's variables (weights, optimizer state) are back to "
-                    "their values before its first step.") from err
+                self._refuse(err)
         if self.budget is None and self.host() is None and self._compiled():
             log.info("%s: under XLA the profiler sees the compiled step, not its ops, so there "
                      "are no op costs to plan from: the step keeps its plan", self.name)
