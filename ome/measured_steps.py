@@ -428,6 +428,18 @@ class MeasuredSteps:
                 f"{format_bytes(self.budget)} with its first plan, which it runs as every "
                 "plan for the budget was refused; give a larger budget, or a host device to "
                 "swap to")
+        if self.corrections == MAX_CORRECTIONS and self.profiled_peak is not None \
+                and self.profiled_peak <= self.budget:
+            # the first plan met the budget when profiled: a budget it meets is never
+            # refused
+            log.warning("%s: the step measured %s over the budget of %s after %d plans for "
+                        "a lower budget; it runs its first plan again, which peaked at %s "
+                        "when profiled", self.name, format_bytes(peak),
+                        format_bytes(self.budget), MAX_CORRECTIONS,
+                        format_bytes(self.profiled_peak))
+            self.overrides, self.fell_back = dict(self.first), True
+            self.step = self.build(self.overrides)
+            return out
         if self.corrections == MAX_CORRECTIONS:
             raise errors.BudgetError(
                 f"{self.name}: the step measured {format_bytes(peak)} over the budget of "

@@ -211,8 +211,9 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
     backward = set(backward_ops)
     forward = _forward_ops(ys, backward)
     merged = merges.merged_tensors(ys[0].graph, pruned=_unneeded(backward, grads))
+    forward_order, backward_order = _order(forward), _order(backward)
     ops, tensors = {}, {}
-    for op in forward | backward:
+    for op in forward_order + backward_order:  # not a set's order: it changes between runs
         is_backward = op in backward
         ok, why = (False, "") if is_backward else recomputable(op)
         ops[op.name] = OpInfo(
@@ -229,8 +230,8 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
                 is_float=t.dtype.is_floating, persistent=_is_persistent(op),
                 merged=not is_backward and t.name in merged)
     seeds = sorted({s.name for s in seeds if s.name in ops})
-    return GraphView(ops, tensors, [o.name for o in _order(forward)],
-                     [o.name for o in _order(backward)], [x.name for x in xs],
+    return GraphView(ops, tensors, [o.name for o in forward_order],
+                     [o.name for o in backward_order], [x.name for x in xs],
                      [y.name for y in ys], [_grad_name(g) for g in grads], seeds)
 
 

@@ -408,3 +408,17 @@ def test_recomputed_cubes_keep_graphs_optimized_by_grappler(graph):
         assert_same(got, sess.run(want, feed))
     ran = [node.op for partition in metadata.partition_graphs for node in partition.node]
     assert "Pow" not in ran and "Square" in ran
+
+
+def test_a_captured_view_lists_its_ops_in_the_programs_order(graph):
+    # in a set's order, which changes from run to run, the view's JSON did too
+    x = tf.compat.v1.placeholder(tf.float32, [32, 64])
+    w = tf.compat.v1.get_variable("w", [64, 64])
+    h = x
+    for _ in range(6):
+        h = tf.sin(tf.tanh(h @ w))
+    _, (plan, info) = ome.gradients(tf.reduce_sum(h), [w], return_info=True)
+    assert plan.recomputed
+    view = info.view
+    assert list(view.ops) == list(view.forward) + list(view.backward)
+    assert [t for t in view.tensors] == [t for op in view.ops for t in view.ops[op].outputs]

@@ -278,13 +278,30 @@ def test_a_refused_budget_the_default_plan_exceeded_raises_naming_both(measured)
 
 
 def test_still_over_the_budget_after_its_corrections_raises(measured):
-    step, built, _ = measured([90 * MiB] + [104 * MiB] * 4, budget=100 * MiB)
+    # the first plan profiled over the budget too: nothing to fall back to
+    step, built, _ = measured([101 * MiB] + [104 * MiB] * 4, budget=100 * MiB)
     step(), step()
     for _ in range(measured_steps.MAX_CORRECTIONS):
         step()
     with pytest.raises(errors.BudgetError, match="measured 104.0 MiB over the budget"):
         step()
     assert len(built) == 2 + measured_steps.MAX_CORRECTIONS
+
+
+def test_over_the_budget_after_its_corrections_runs_the_first_plan_that_met_it(measured):
+    # a budget ome's default plan meets is never refused: it runs that plan again, and
+    # raises only if that plan too goes over
+    corrected = [104 * MiB] * (measured_steps.MAX_CORRECTIONS + 1)
+    step, built, _ = measured([90 * MiB] + corrected + [95 * MiB, 103 * MiB],
+                              budget=100 * MiB)
+    step(), step()
+    for _ in corrected:
+        step()
+    assert step.fell_back and built[-1] == DEFAULT
+    step()  # 95 MiB
+    assert step.phase == "held"
+    with pytest.raises(errors.BudgetError, match="with its first plan"):
+        step()
 
 
 class _Variables:
@@ -303,7 +320,7 @@ class _Variables:
 
 def test_a_budget_refused_after_steps_ran_puts_the_variables_back(measured):
     variables = _Variables()
-    step, _, _ = measured([90 * MiB] + [104 * MiB] * 4, budget=100 * MiB, state=variables)
+    step, _, _ = measured([101 * MiB] + [104 * MiB] * 4, budget=100 * MiB, state=variables)
     step(), step()
     assert variables.copied == [()] and variables.restored == 0
     for _ in range(measured_steps.MAX_CORRECTIONS):
@@ -325,7 +342,7 @@ def test_a_refusal_while_tracing_puts_the_variables_back_too(measured):
 
 def test_once_a_plan_held_the_budget_a_later_refusal_keeps_the_variables(measured):
     variables = _Variables()
-    step, _, _ = measured([90 * MiB, 95 * MiB] + [104 * MiB] * 3, budget=100 * MiB,
+    step, _, _ = measured([101 * MiB, 95 * MiB] + [104 * MiB] * 3, budget=100 * MiB,
                           state=variables)
     step(), step(), step()  # the third holds the budget
     assert step.phase == "held" and step.restore is None
