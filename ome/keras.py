@@ -28,7 +28,7 @@ from ome.core import sizes
 from ome.gradients import check_front_door_options, format_options
 from ome.measured_steps import MeasuredSteps, asks_measurement, first_plan, swap_host
 from ome.tape import GradientTape
-from ome.tf import measure, snapshot, tfprivate
+from ome.tf import capture, measure, snapshot, tfprivate
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,8 @@ class _TrainStep:
                 loss = model.optimizer.scale_loss(loss)
         weights = model.trainable_weights
         if weights:
-            grads = tape.gradient(loss, weights)
+            with measure.declared_resident(_resident(model, data)):
+                grads = tape.gradient(loss, weights)
             self.plans.extend(tape.plans)
             update_ops = _apply_gradients(model.optimizer, grads, weights)
             self.updates = _update_readers(self.plans[-1][1], grads, update_ops)
@@ -421,6 +422,20 @@ class _Batches:
 
     def __iter__(self):
         return iter(self.batches)
+
+
+def _resident(model, data):
+    """Bytes that stay allocated between steps of ``model``'s training: its variables, its
+    optimizer's and metrics', and the batch (``data``). Counted, not read from the
+    allocator while the step traces, which holds what the process keeps at that moment
+    (the next batch prefetched, or not) and would make the plan differ from run to run."""
+    optimizer = getattr(model, "optimizer", None)
+    variables = {id(v): v for v in itertools.chain(
+        model.variables, getattr(optimizer, "variables", []), model.metrics_variables)}
+    values = [(tf.TensorShape(v.shape), tf.as_dtype(v.dtype)) for v in variables.values()]
+    values += [(t.shape, t.dtype) for t in keras.tree.flatten(data) if t is not None]
+    return sum(capture.static_bytes(shape, dtype) for shape, dtype in values
+               if shape.is_fully_defined())
 
 
 def _first_input(x):

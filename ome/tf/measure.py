@@ -23,12 +23,14 @@ split memory between the accelerator and the host (``shared`` where it exists, e
 ``step_time_quartiles`` gives the spread of the timed steps around their median.
 """
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
 import resource
 import statistics
 import sys
+import threading
 import time
 from typing import Mapping, Optional, Tuple
 
@@ -578,15 +580,36 @@ def _profiled_peaks(session, fetches, feed_dict, host_ops, *, steps, without_hos
     return peaks if peaks.host_peak or without_host else None
 
 
+_DECLARED = threading.local()  # .nbytes: what a front door says stays allocated
+
+
+@contextlib.contextmanager
+def declared_resident(nbytes):
+    """Within it, :func:`resident_bytes` of a ``tf.function`` being traced is ``nbytes``
+    (at least the graph's own variables): a front door that knows what stays allocated
+    between steps (``ome.keras.wrap``: the model's and optimizer's variables and the
+    batch) declares it, so that the plan is the same on every run."""
+    before = getattr(_DECLARED, "nbytes", None)
+    _DECLARED.nbytes = nbytes
+    try:
+        yield
+    finally:
+        _DECLARED.nbytes = before
+
+
 def resident_bytes(graph):
     """What stays allocated between steps of the step being built in ``graph``, as far as
     ome can tell without running it: inside a ``tf.function`` traced beside live variables,
-    what the device's allocator holds now (weights, optimizer slots, the batch), where it
-    keeps statistics; else the bytes of the graph's own variables (a TF1 graph's optimizer
-    slots do not exist yet while its gradients are built)."""
+    what a front door declared (:func:`declared_resident`), else what the device's
+    allocator holds now (weights, optimizer slots, the batch, and the user's other
+    tensors), where it keeps statistics; else the bytes of the graph's own variables (a
+    TF1 graph's optimizer slots do not exist yet while its gradients are built)."""
     own = graph_variable_bytes(graph)
     if not hasattr(graph, "captures"):
         return own
+    declared = getattr(_DECLARED, "nbytes", None)
+    if declared is not None:
+        return max(own, declared)
     try:
         return max(own, memory_stats(memory_stats_device(None))["current"])
     except DeviceError:

@@ -55,6 +55,11 @@ def test_a_budget_without_a_cost_model_is_measured_and_met():
         "state as before", "OK fit measured by the step's op names"], lines
 
 
+def test_a_wrapped_models_plan_counts_what_keras_holds_not_the_allocator():
+    lines = run_script("keras_resident.py")
+    assert lines and lines[0].startswith("OK the same plan beside other tensors"), lines
+
+
 def test_refusals_compile_guard_budget_and_patch_warning():
     lines = run_script("keras_errors.py")
     assert len(lines) == 12, lines
