@@ -252,21 +252,23 @@ class MeasuredSteps:
         try:
             out = self._checked(*args, **kwargs)
         except errors.BudgetError as err:
-            self._refuse(err)
+            raise self._refusal(err)  # pylint: disable=raise-missing-from
         if self.phase in ("held", "done"):
             self.restore = None
         return out
 
-    def _refuse(self, err):
-        """Raise ``err``, saying so where the variables were put back as they were before
-        the first step (where ``state`` copied them and no plan has held the budget
-        since)."""
+    def _refusal(self, err):
+        """``err`` to raise, or where the variables were put back as they were before the
+        first step (where ``state`` copied them and no plan has held the budget since),
+        an error of its type saying so, caused by it."""
         restore, self.restore = self.restore, None
         if restore is None:
-            raise err
+            return err
         restore()
-        raise type(err)(f"{err}; the step's variables (weights, optimizer state) are back "
-                        "to their values before its first step") from err
+        refusal = type(err)(f"{err}; the step's variables (weights, optimizer state) are "
+                            "back to their values before its first step")
+        refusal.__cause__ = err
+        return refusal
 
     def _first(self, *args, **kwargs):
         known = self._budget()  # None where only tracing the step tells (ome.function)
@@ -300,7 +302,7 @@ class MeasuredSteps:
             try:
                 check_counts_every_allocation(self.device, self.name)
             except errors.DeviceError as err:
-                self._refuse(err)
+                raise self._refusal(err)  # pylint: disable=raise-missing-from
         if self.budget is None and self.host() is None and self._compiled():
             log.info("%s: under XLA the profiler sees the compiled step, not its ops, so there "
                      "are no op costs to plan from: the step keeps its plan", self.name)
