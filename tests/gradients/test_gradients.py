@@ -421,4 +421,4 @@ def test_a_captured_view_lists_its_ops_in_the_programs_order(graph):
     assert plan.recomputed
     view = info.view
     assert list(view.ops) == list(view.forward) + list(view.backward)
-    assert [t for t in view.tensors] == [t for op in view.ops for t in view.ops[op].outputs]
+    assert list(view.tensors) == [t for op in view.ops for t in view.ops[op].outputs]
