@@ -8,12 +8,14 @@ round-trips through JSON, so a saved plan can be applied to the same graph later
 import enum
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional, Tuple
 
 from ome import errors
 from ome.core import schedule as schedule_mod
 from ome.core.schedule import Decision, Schedule
+from ome.core.sizes import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +192,17 @@ def _mib(n):
     return f"{n / 2**20:.2f}" if n >= 2**14 else f"{n / 2**10:.1f}K"
 
 
+def _estimate(key, value):
+    """An estimate as a reader takes it in: bytes in a unit, seconds with theirs."""
+    if math.isnan(value):
+        return "nan"
+    if key.endswith("peak") or key == "limit":
+        return format_bytes(value)
+    if key.endswith("seconds"):
+        return f"{value:.4g} s"
+    return f"{value:.4g}"
+
+
 def explain(plan, *, include_kept=True):
     """A readable table: tensor, shape, MiB, decision, why; then the schedule."""
     sched = plan.schedule
@@ -198,7 +211,8 @@ def explain(plan, *, include_kept=True):
             f"{len(sched.groups)} groups), {len(plan.swapped)} swapped to "
             f"{plan.host_device or '-'}")
     if plan.estimates:
-        head += "; " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(plan.estimates.items()))
+        head += "; " + ", ".join(f"{k}={_estimate(k, v)}"
+                                 for k, v in sorted(plan.estimates.items()))
     if plan.solver is not None:
         head += f"; solver: {plan.solver.value}"
     rows = [t for t in plan.tensors if include_kept or t.decision != Decision.KEEP]

@@ -337,6 +337,14 @@ def test_plan_and_view_round_trip_through_json():
     assert "recompute group 0" in text and "swap a:0" in text
 
 
+def test_a_plans_estimates_print_in_their_units():
+    plan = dataclasses.replace(select.auto(chain()), estimates={
+        "device_peak": 3.5 * 2**20, "added_seconds": 0.25, "gap": float("nan"), "cuts": 2.0})
+    head = str(plan).splitlines()[0]
+    assert "device_peak=3.5 MiB" in head and "added_seconds=0.25 s" in head
+    assert "gap=nan" in head and "cuts=2" in head
+
+
 def test_views_of_the_same_step_are_the_same_whatever_their_dicts_order():
     view = chain()
     data = view.to_dict()
