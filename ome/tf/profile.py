@@ -17,6 +17,7 @@ TensorFlow's profiler (``tfprivate.profiler_trace``) instead of ``RunMetadata``;
 import bisect
 import collections
 import dataclasses
+import logging
 import statistics
 import time
 
@@ -24,9 +25,11 @@ import tensorflow as tf
 
 from ome.tf import host, standins, tfprivate
 from ome.core.costs import CostModel
-from ome.errors import InvalidArgumentError, InvalidTypeError
-from ome.tf.measure import (check_count, memory_stats, memory_stats_device, run_step,
-                            short_device)
+from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError
+from ome.tf.measure import (check_count, check_counts_every_allocation, memory_stats,
+                            memory_stats_device, run_step, short_device)
+
+log = logging.getLogger(__name__)
 
 # Scratch below this is allocator rounding, not a workspace worth planning around.
 MIN_SCRATCH_BYTES = 64 * 1024
@@ -77,6 +80,7 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
     steps = check_count("steps", steps, minimum=1)
     peak_steps = check_count("peak_steps", peak_steps, minimum=0)
     stats_device = memory_stats_device(device)
+    _warn_if_uncounted(stats_device, "ome.profile")
     # before any profiled step: a plain step's updates may copy a variable into a chunk up
     # to twice its size, and those chunks stay; a rewritten step copies none, so it keeps
     # what was allocated before plain steps ran (the least of all these)
@@ -133,6 +137,15 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
                f"of {steps + peak_steps}", **extra)
 
 
+def _warn_if_uncounted(device, what):
+    """Say so where ``device``'s memory statistics leave allocations out: the profile's
+    op times stand, its memory figures do not."""
+    try:
+        check_counts_every_allocation(device, what)
+    except DeviceError as err:
+        log.warning("%s The profile's memory figures leave those allocations out.", err)
+
+
 def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
                   names=None):
     """The cost model of the step that ``run()`` runs, in any route: a ``tf.function``
@@ -186,6 +199,7 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
                                f"{type(run).__name__}")
     steps = check_count("steps", steps, minimum=1)
     stats_device = memory_stats_device(device)
+    _warn_if_uncounted(stats_device, "ome.profile_steps")
     resident = memory_stats(stats_device)["current"]
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(list)
     overheads, delays = [], collections.defaultdict(list)

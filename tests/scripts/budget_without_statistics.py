@@ -1,10 +1,11 @@
 """A budget that measures itself, refused where the CPU allocator's statistics leave
 allocations out (oneDNN's default allocator, without ``TF_CPU_ALLOCATOR_USE_BFC=1``).
 
-Run by tests/memory/test_measured_budgets.py in a process without that variable. Each
+Run by tests/memory/test_measured_steps.py in a process without that variable. Each
 route raises ``ome.errors.DeviceError`` naming the variable, the model or variables as
-they were.
+they were; a profile says its memory figures leave those allocations out.
 """
+import logging
 import os
 
 assert "TF_CPU_ALLOCATOR_USE_BFC" not in os.environ
@@ -67,3 +68,12 @@ with tf.Graph().as_default(), ome.Session() as sess:
     refused(lambda: sess.run(train, {x: np.ones([128, 256])}))
     assert np.array_equal(start, sess.run(v))
 print("OK session")
+
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+logging.getLogger("ome.tf.profile").addHandler(handler)
+ome.profile_steps(lambda: tf.function(lambda v: tf.reduce_sum(v * v))(tf.ones([128, 256])))
+assert any("TF_CPU_ALLOCATOR_USE_BFC=1" in r.getMessage() and r.levelno == logging.WARNING
+           for r in records), records
+print("OK profile")
