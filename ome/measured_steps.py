@@ -392,13 +392,8 @@ class MeasuredSteps:
                 self.tried_smallest = True
                 self._plan_again_for(reachable)
                 return self._checked(*args, **kwargs)
-            if self.profiled_peak is not None and self.profiled_peak <= self.budget:
-                # the first plan met the budget when profiled: a budget it meets is never
-                # refused
-                log.warning("%s: %s; the step runs its first plan again, which peaked at %s "
-                            "when profiled", self.name, err, format_bytes(self.profiled_peak))
-                self.overrides, self.fell_back = dict(self.first), True
-                self.step = self.build(self.overrides)
+            if self._first_plan_met_budget():
+                self._run_first_plan_again(str(err))
                 return self._checked(*args, **kwargs)
             if target is None or target == self.budget:
                 raise
@@ -430,17 +425,10 @@ class MeasuredSteps:
                 f"{format_bytes(self.budget)} with its first plan, which it runs as every "
                 "plan for the budget was refused; give a larger budget, or a host device to "
                 "swap to")
-        if self.corrections == MAX_CORRECTIONS and self.profiled_peak is not None \
-                and self.profiled_peak <= self.budget:
-            # the first plan met the budget when profiled: a budget it meets is never
-            # refused
-            log.warning("%s: the step measured %s over the budget of %s after %d plans for "
-                        "a lower budget; it runs its first plan again, which peaked at %s "
-                        "when profiled", self.name, format_bytes(peak),
-                        format_bytes(self.budget), MAX_CORRECTIONS,
-                        format_bytes(self.profiled_peak))
-            self.overrides, self.fell_back = dict(self.first), True
-            self.step = self.build(self.overrides)
+        if self.corrections == MAX_CORRECTIONS and self._first_plan_met_budget():
+            self._run_first_plan_again(
+                f"the step measured {format_bytes(peak)} over the budget of "
+                f"{format_bytes(self.budget)} after {MAX_CORRECTIONS} plans for a lower budget")
             return out
         if self.corrections == MAX_CORRECTIONS:
             raise errors.BudgetError(
@@ -455,6 +443,18 @@ class MeasuredSteps:
         self.corrections += 1
         self._plan_again_for(target)
         return out
+
+    def _first_plan_met_budget(self):
+        """Whether the first plan's profiled step peaked within the budget: a budget ome's
+        default plan meets is never refused."""
+        return self.profiled_peak is not None and self.profiled_peak <= self.budget
+
+    def _run_first_plan_again(self, why):
+        """Build the step with its first plan again, saying ``why``."""
+        log.warning("%s: %s; the step runs its first plan again, which peaked at %s when "
+                    "profiled", self.name, why, format_bytes(self.profiled_peak))
+        self.overrides, self.fell_back = dict(self.first), True
+        self.step = self.build(self.overrides)
 
     def _compiled(self):
         """Whether every plan of the step was made for an XLA-compiled step."""

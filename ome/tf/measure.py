@@ -652,21 +652,27 @@ def run_step(session, fetches, feed_dict, *, phase, **kwargs):
         raise OutOfMemoryError(f"out of memory in a {phase} step: {err.message}") from err
 
 
-def check_counts_every_allocation(device, what):
-    """Raise :class:`DeviceError` where ``device``'s memory statistics (``'CPU:0'``, as
-    :func:`memory_stats_device` names it) leave allocations out, so that a peak read from
-    them cannot hold ``what`` (a budget) to account. TensorFlow's default CPU allocator,
-    oneDNN's, counts none below 256 KiB and only part of some larger ones; the BFC
-    allocator, and a GPU's, count every one."""
+def allocations_left_out(device):
+    """Why ``device``'s memory statistics (``'CPU:0'``, as :func:`memory_stats_device`
+    names it) leave allocations out, or None where they count every one (the BFC
+    allocator's, a GPU's). TensorFlow's default CPU allocator, oneDNN's, counts none below
+    256 KiB and only part of some larger ones."""
     if not device.startswith("CPU"):
-        return
+        return None
     if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").strip().lower() in ("1", "true"):
-        return
-    raise DeviceError(
-        f"{what}: TensorFlow's CPU allocator here (oneDNN's, the default) leaves "
-        "allocations out of its memory statistics (none below 256 KiB is counted), so no "
-        "measured peak can hold a budget. Set the environment variable "
-        "TF_CPU_ALLOCATOR_USE_BFC=1 before importing TensorFlow.")
+        return None
+    return ("TensorFlow's CPU allocator here (oneDNN's, the default) leaves allocations out "
+            "of its memory statistics (none below 256 KiB is counted)")
+
+
+def check_counts_every_allocation(device, what):
+    """Raise :class:`DeviceError` where :func:`allocations_left_out` of ``device``, so that
+    a peak read from its statistics cannot hold ``what`` (a budget) to account."""
+    why = allocations_left_out(device)
+    if why is not None:
+        raise DeviceError(
+            f"{what}: {why}, so no measured peak can hold a budget. Set the environment "
+            "variable TF_CPU_ALLOCATOR_USE_BFC=1 before importing TensorFlow.")
 
 
 def memory_stats(device, *, reset=False):

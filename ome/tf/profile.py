@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from ome.tf import host, standins, tfprivate
 from ome.core.costs import CostModel
-from ome.errors import DeviceError, InvalidArgumentError, InvalidTypeError
-from ome.tf.measure import (check_count, check_counts_every_allocation, memory_stats,
+from ome.errors import InvalidArgumentError, InvalidTypeError
+from ome.tf.measure import (allocations_left_out, check_count, memory_stats,
                             memory_stats_device, run_step, short_device)
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,11 @@ def profile(session, fetches, feed_dict=None, *, device=None, steps=3, peak_step
 def _warn_if_uncounted(device, what):
     """Say so where ``device``'s memory statistics leave allocations out: the profile's
     op times stand, its memory figures do not."""
-    try:
-        check_counts_every_allocation(device, what)
-    except DeviceError as err:
-        log.warning("%s The profile's memory figures leave those allocations out.", err)
+    why = allocations_left_out(device)
+    if why is not None:
+        log.warning("%s: %s, and so do the profile's memory figures. Set the environment "
+                    "variable TF_CPU_ALLOCATOR_USE_BFC=1 before importing TensorFlow.",
+                    what, why)
 
 
 def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
