@@ -81,8 +81,9 @@ def wrap(model, *, profile=None, **options):
         ``model`` is not a Keras model.
     ome.errors.InvalidArgumentError
         The TensorFlow backend is not active, the class (or instance) overrides
-        ``train_step``, an option is unknown, or the model is compiled with
-        ``run_eagerly=True``.
+        ``train_step``, an option is unknown, the model is compiled with
+        ``run_eagerly=True``, or ``memory_budget=`` is given (the step measuring itself)
+        for a model not built yet.
     ome.errors.DeviceError
         With ``memory_budget=`` and the step measuring itself, where the device's memory
         statistics leave allocations out (a CPU without ``TF_CPU_ALLOCATOR_USE_BFC=1``).
@@ -111,6 +112,13 @@ def wrap(model, *, profile=None, **options):
     if measures and options.get("memory_budget") is not None:
         measure.check_counts_every_allocation(measure.memory_stats_device(None),
                                               "ome.keras.wrap")
+        if not model.built:
+            # its weights count against the budget, and a refused budget puts them back
+            # as they were before the first step: they must exist before it
+            raise errors.InvalidArgumentError(
+                f"ome.keras.wrap: memory_budget needs a built model, and {model.name} has "
+                "no weights yet: build it first (model.build(input_shape), or call it on "
+                "one batch), then wrap it")
     step = vars(model).get("train_step")
     if isinstance(step, _TrainStep):
         step.options, step.overrides = options, {}
@@ -185,16 +193,14 @@ class _TrainStep:
         _refuse_eager(tf.executing_eagerly(), fix="set it back to False")
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         _check_batch_known(x, self.options)
-        if model.optimizer is not None and not model.optimizer.built:
-            # its slots now, not inside apply_gradients: a budget counts them as they
-            # stay allocated, and the plan is made before apply_gradients runs
-            with tf.init_scope():
-                model.optimizer.build(model.trainable_variables)
+        if model.built:
+            _build_optimizer_in_trace(model)
         with GradientTape(**{**self.options, **self.overrides}) as tape:
             y_pred, loss = tfprivate.keras_forward_and_loss(
                 model, x, y, sample_weight, batch_size=tf.shape(_first_input(x))[0])
             if model.optimizer is not None:
                 loss = model.optimizer.scale_loss(loss)
+        _build_optimizer_in_trace(model)  # a model built by its first call has weights now
         weights = model.trainable_weights
         if weights:
             with measure.declared_resident(_resident(model, data)):
@@ -205,6 +211,16 @@ class _TrainStep:
         else:
             warnings.warn("The model does not have any trainable weights.")
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _build_optimizer_in_trace(model):
+    """Create the optimizer's slots now, not inside ``apply_gradients``: a budget counts
+    them as they stay allocated, and the plan is made before ``apply_gradients`` runs.
+    Only once the model has its weights (a subclassed model gets them at its first call):
+    an optimizer built without them refuses to update them."""
+    if model.optimizer is not None and not model.optimizer.built:
+        with tf.init_scope():
+            model.optimizer.build(model.trainable_variables)
 
 
 def apply_gradients(optimizer, grads_and_vars):

@@ -97,6 +97,39 @@ ome.keras.wrap(model, memory_budget="64MiB", batch_size=256)
 fit(model, rows=1000)
 print("OK memory_budget with batch_size:", ome.keras.plans(model)[-1][0].policy)
 
+# A subclassed model gets its weights at its first call, inside the traced step: its
+# optimizer is built once it has them, and trains as Keras's own step does.
+class Residual(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.stack = [keras.layers.Dense(8, activation="tanh") for _ in range(12)]
+        self.head = keras.layers.Dense(4)
+
+    def call(self, inputs):
+        for layer in self.stack:
+            inputs = layer(inputs) + 0.5 * inputs
+        return self.head(inputs)
+
+
+def residual():
+    model = Residual()
+    model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    return model
+
+
+keras.utils.set_random_seed(0)
+plain = residual()
+plain_losses = fit(plain).history["loss"]
+keras.utils.set_random_seed(0)
+unbuilt = residual()
+print("OK", refused_unchanged(unbuilt, ome.errors.InvalidArgumentError, "built model",
+                              "model.build", memory_budget="64MiB"))
+wrapped = ome.keras.wrap(unbuilt)
+assert fit(wrapped).history["loss"] == plain_losses
+for a, b in zip(plain.weights, wrapped.weights, strict=True):
+    assert np.array_equal(a.numpy(), b.numpy()), a.path
+print("OK subclassed model built by its first call, as Keras:", assert_ome_rewrote(wrapped))
+
 # ome.patch around fit: nothing calls tf.gradients, one warning per process.
 records = []
 handler = logging.Handler()
