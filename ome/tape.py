@@ -5,13 +5,14 @@ can be built by ``ome.gradients``, which checkpoints, recomputes and swaps. In e
 there is no graph to rewrite: entering the tape raises and says to put the step in
 ``tf.function``.
 
-Differences from ``tf.GradientTape`` (the graph is differentiated, as ``tf.gradients`` does,
-instead of the operations the tape recorded):
-
-- every source gets its gradient through the graph, watched or not; ``watch`` is accepted
-  and recorded as in TensorFlow (``watched_variables()`` works) but is not needed;
-- ``stop_recording()``, ``jacobian`` and ``batch_jacobian`` raise: use ``tf.stop_gradient``
-  in the forward pass, or ``tf.GradientTape`` for Jacobians.
+The graph is differentiated as ``tf.gradients`` does, within what the tape saw, as
+``tf.GradientTape`` does: the ops made while the tape recorded, from what it watched (the
+variables it watched, explicitly or by reading them, and the tensors passed to ``watch``).
+A source it did not watch gets None (zeros with ``unconnected_gradients="zero"``), a
+target it did not record passes no gradient on, and no gradient flows through an op made
+before the tape or after it (``stop_gradients`` at the tensors those ops hand it).
+``stop_recording()``, ``jacobian`` and ``batch_jacobian`` raise: use ``tf.stop_gradient``
+in the forward pass, or ``tf.GradientTape`` for Jacobians.
 """
 import contextlib
 import threading
@@ -20,6 +21,7 @@ import tensorflow as tf
 
 from ome import errors
 from ome.gradients import check_front_door_options, gradients
+from ome.tf import tfprivate
 
 __all__ = ["GradientTape"]
 
@@ -82,6 +84,8 @@ class GradientTape(tf.GradientTape):
         check_front_door_options(options, front_door="ome.GradientTape", sets=_TAPE_SETS)
         self.options = options
         self.plans = []
+        self._windows = []  # [graph, first op, end op or None] of each stretch recorded
+        self._watched_tensors = []  # graph tensors passed to watch()
 
     def __enter__(self):
         if tf.executing_eagerly():
@@ -90,6 +94,27 @@ class GradientTape(tf.GradientTape):
                 "the training step in a tf.function (@tf.function def step(...): with "
                 "ome.GradientTape() as tape: ...), or use tf.GradientTape to run eagerly")
         return super().__enter__()
+
+    def _push_tape(self):
+        super()._push_tape()
+        graph = tf.compat.v1.get_default_graph()
+        self._windows.append([graph, len(graph.get_operations()), None])
+
+    def _pop_tape(self):
+        super()._pop_tape()
+        graph, _, end = self._windows[-1]
+        if end is None:
+            self._windows[-1][2] = len(graph.get_operations())
+
+    def reset(self):
+        super().reset()
+        self._windows, self._watched_tensors = self._windows[-1:], []
+
+    def watch(self, tensor):
+        super().watch(tensor)
+        self._watched_tensors.extend(
+            t for t in tf.nest.flatten(tensor, expand_composites=True)
+            if isinstance(t, tf.Tensor) and hasattr(t, "op"))
 
     @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None,
@@ -135,10 +160,18 @@ class GradientTape(tf.GradientTape):
             # a measured cost model of the user's is kept; a scaled one is replaced
             if model is None or getattr(model, "extrapolated", False):
                 options = {**options, **overrides}
-        grads, record = gradients(
-            tf.nest.flatten(target), tf.nest.flatten(sources), grad_ys,
-            unconnected_gradients=_unconnected_mode(unconnected_gradients), return_info=True,
-            **options)
+        targets, flat_sources = tf.nest.flatten(target), tf.nest.flatten(sources)
+        mode = _unconnected_mode(unconnected_gradients)
+        unseen, stop = _outside_the_tape(
+            tf.compat.v1.get_default_graph(), self._windows, self._watched_tensors,
+            self.watched_variables(), targets, flat_sources)
+        if stop:
+            options = {**options, "stop_gradients": list(options.get("stop_gradients") or ())
+                       + stop}
+        grads, record = gradients(targets, flat_sources, grad_ys, unconnected_gradients=mode,
+                                  return_info=True, **options)
+        grads = [(None if mode == "none" else tf.zeros_like(source)) if index in unseen
+                 else grad for index, (source, grad) in enumerate(zip(flat_sources, grads))]
         self.plans.append(record)
         if not self._persistent:
             self._watched_variables = self._tape.watched_variables()
@@ -176,6 +209,59 @@ def tracing_step(overrides, tapes):
         yield
     finally:
         _TRACING.step = previous
+
+
+def _outside_the_tape(graph, windows, watched_tensors, watched_variables, targets, sources):
+    """What ``tf.GradientTape`` would not differentiate: ``(unseen, stop)``.
+
+    ``unseen``: the indices of ``sources`` the tape did not see (a variable it did not
+    watch, a tensor neither watched nor made by a recorded op from what it saw). ``stop``:
+    the tensors where a gradient would leave what the tape recorded on its way to a
+    source: read by a recorded op but made before the tape (or made by one from nothing it
+    saw), and the targets it did not record. Both empty for a step written wholly inside
+    the tape, as a training step is.
+    """
+    ops = graph.get_operations()
+    recorded = [op for g, start, end in windows if g is graph
+                for op in ops[start:len(ops) if end is None else end]]
+    recorded_names = {op.name for op in recorded}
+    seeds = [t for t in watched_tensors if t.graph is graph] + [
+        tfprivate.captured_in(variable.handle, graph) for variable in watched_variables]
+    # not by creation order: a rewrite of ome's inside the tape re-points older ops
+    seen = _downstream((t for t in seeds if t is not None), within=recorded_names)
+    source_tensors = [_source_tensor(s, graph) for s in sources]
+    unseen = {i for i, t in enumerate(source_tensors) if t is None or t.name not in seen}
+    downstream = _downstream(t for t in source_tensors if t is not None)
+    if not downstream:
+        return unseen, []
+    leaving = {t.name: t for op in recorded for t in op.inputs
+               if (t.op.name not in recorded_names or t.name not in seen)
+               and t.dtype != tf.resource and t.name in downstream}
+    leaving.update((t.name, t) for t in targets if isinstance(t, tf.Tensor)
+                   and t.name not in seen and t.name in downstream)
+    return unseen, list(leaving.values())
+
+
+def _source_tensor(source, graph):
+    """The tensor of ``graph`` a source stands for (a variable: its handle), or None."""
+    if isinstance(source, tf.Tensor):
+        return source if getattr(source, "graph", None) is graph else None
+    handle = getattr(source, "handle", None)
+    return None if handle is None else tfprivate.captured_in(handle, graph)
+
+
+def _downstream(tensors, within=None):
+    """Names of ``tensors`` and of every tensor computed from them (by the ops named in
+    ``within`` only, where given)."""
+    found, pending = set(), list(tensors)
+    while pending:
+        tensor = pending.pop()
+        if tensor.name in found:
+            continue
+        found.add(tensor.name)
+        pending.extend(t for op in tensor.consumers()
+                       if within is None or op.name in within for t in op.outputs)
+    return found
 
 
 def _unconnected_mode(value):

@@ -33,6 +33,24 @@ def creation_id(op):
     return op._id  # pylint: disable=protected-access
 
 
+def captured_in(tensor, graph):
+    """The tensor of ``graph`` that stands for ``tensor``: itself, or its capture through
+    the function graphs ``graph`` is nested in (an eager variable's handle read inside a
+    ``tf.function``); None where ``graph`` has not captured it."""
+    chain = []
+    while graph is not None:
+        chain.append(graph)
+        graph = getattr(graph, "outer_graph", None)
+    current = tensor
+    for level in reversed(chain):  # the outermost first
+        if getattr(current, "graph", None) is level or not hasattr(level, "captures"):
+            continue  # an eager tensor has no graph; a TF1 graph captures nothing
+        # a nested function captures an eager tensor itself, not its outer capture
+        captured = {id(outer): inner for outer, inner in level.captures}
+        current = captured.get(id(current), captured.get(id(tensor), current))
+    return current if getattr(current, "graph", None) is chain[0] else None
+
+
 def control_outputs(op):
     """The ops that wait for ``op`` by a control input."""
     return list(op._control_outputs)  # pylint: disable=protected-access

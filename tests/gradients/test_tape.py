@@ -68,6 +68,34 @@ def test_persistent_output_gradients_and_unconnected_zero(model):
     assert len(tape.plans) == 2
 
 
+def _seen_by(tape_class, x, w):
+    """Gradients from tapes that see part of the graph, as lists (None kept)."""
+    before = tf.tanh(tf.matmul(x, w))  # made before the tape: it was not recorded
+    with tape_class(persistent=True) as tape:
+        loss = _chain(before, w)
+    after = 2.0 * loss  # made after it: not recorded either
+    seen = tape.gradient(loss, [x, w, before]) + tape.gradient(after, [w])
+    with tape_class(watch_accessed_variables=False) as watching:
+        watching.watch(before)
+        loss = _chain(before, w)
+    return seen + watching.gradient(loss, [w, before]), tape
+
+
+def test_what_the_tape_did_not_see_gets_what_tf_gives(model):
+    # None for an input it did not watch, for a tensor made before it and for a target made
+    # after it; w's gradient through the recorded ops only; a variable it did not watch
+    x, w, session, feed = model
+    want, _ = _seen_by(tf.GradientTape, x, w)
+    got, tape = _seen_by(ome.GradientTape, x, w)
+    assert [g is None for g in got] == [g is None for g in want] == [
+        True, False, True, True, True, False]
+    got_values, want_values = session.run([[got[1], got[5]], [want[1], want[5]]], feed)
+    for g, e in zip(got_values, want_values):
+        _assert_close(g, e)
+    plan, info = tape.plans[0]
+    assert plan.recomputed and info.copied_ops > 0
+
+
 def test_non_persistent_second_call_raises_like_tf(model):
     x, w, _, _ = model
     with ome.GradientTape() as tape:
