@@ -60,7 +60,8 @@ from ome.tf.profile import profile_steps
 log = logging.getLogger(__name__)
 
 __all__ = ["COST_POLICIES", "JUDGED_RUNS", "MAX_CORRECTIONS", "MeasuredSteps", "asks_measurement",
-           "first_instead", "first_named", "first_plan", "link_bytes", "replayed_peak", "swap_host"]
+           "first_instead", "first_named", "first_plan", "link_bytes", "replayed_peak", "swap_host",
+           "unsized_outputs"]
 
 #: Times a step over its budget is planned again for a lower one before ome gives up.
 MAX_CORRECTIONS = 2
@@ -157,6 +158,17 @@ def swap_host(options):
                                          and options.get("host_device") is not None):
         return options.get("host_device") or host.default_host_device()
     return None
+
+
+def unsized_outputs(view):
+    """``{op name: [(output name, static bytes or None), ...]}`` of the ops of ``view``
+    (a captured step, or None) with an output of no static size, as
+    :func:`ome.profile_steps` measures them."""
+    if view is None:
+        return None
+    return {name: [(t, view.tensors[t].bytes) for t in op.outputs]
+            for name, op in view.ops.items()
+            if any(view.tensors[t].bytes is None for t in op.outputs)}
 
 
 def replayed_peak(record, cost_model):
@@ -344,7 +356,8 @@ class MeasuredSteps:
             costs = profile_steps(lambda: out.append(self.step(*args, **kwargs)),
                                   device=self.device, updates=updates,
                                   scope=getattr(info, "scope", "") or "gradients",
-                                  names=names)  # the profiled plan's graph and backward
+                                  names=names,  # the profiled plan's graph and backward
+                                  unsized=unsized_outputs(getattr(info, "view", None)))
             replayed = replayed_peak(plans[-1], costs) if plans else None
         peak = self.profiled_peak = memory_stats(self.device)["peak"]
         if compiled and self.budget is not None and \

@@ -148,7 +148,7 @@ def _warn_if_uncounted(device, what):
 
 
 def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
-                  names=None):
+                  names=None, unsized=None):
     """The cost model of the step that ``run()`` runs, in any route: a ``tf.function``
     step, Keras's ``train_on_batch``, a session's ``run``. Read from TensorFlow's own
     profiler, so it needs no ``RunMetadata`` and profiles the step as it is built (a
@@ -175,6 +175,10 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
         through a function call of its own (Keras's train function calls its step's
         graph so): TensorFlow inlines the call and its profiler names each op
         ``"<call>/<op>"``, which is read as the name in ``names`` it ends with.
+    unsized : ``{op name: [(output tensor name, its static bytes or None), ...]}`` in
+        output order, for ops with outputs of no static size (a oneDNN batch norm's
+        workspace, ``reserve_space_3``): their bytes are read from the allocations the
+        op's kernel made for its outputs (``output_bytes``; :func:`_unsized_bytes`).
 
     Returns
     -------
@@ -182,7 +186,8 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
         ``op_seconds`` (each op's kernel runs, summed over a step), ``temporaries`` and
         ``temporaries_alone`` (the bytes an op allocated and freed again before its
         kernel ended), ``resident_bytes`` (allocated before the first profiled step: the
-        weights, optimizer slots and the batch), ``chunk_overhead`` (the allocator's
+        weights, optimizer slots and the batch), ``output_bytes`` (of ``unsized``'s
+        outputs, the most of the steps), ``chunk_overhead`` (the allocator's
         bytes per byte asked, over what the ops kept past their kernels). Without
         ``updates``, gradients are planned as alive to the step's end
         (``gradient_lifetime="step"``). Nothing is known of plain backprop's peak.
@@ -204,8 +209,12 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
     resident = memory_stats(stats_device)["current"]
     seconds, scratch = collections.defaultdict(list), collections.defaultdict(list)
     overheads, delays = [], collections.defaultdict(list)
+    output_bytes = {}
     for _ in range(steps):
         trace = with_graph_names(tfprivate.profiler_trace(run), names)
+        for tensor, nbytes in _unsized_bytes(trace, unsized or {},
+                                             _on_device(stats_device)).items():
+            output_bytes[tensor] = max(nbytes, output_bytes.get(tensor, 0))
         step_seconds, start, end = collections.Counter(), {}, {}
         for op_run in trace.op_runs:
             step_seconds[op_run.op] += (op_run.end_picos - op_run.start_picos) / 1e12
@@ -235,7 +244,7 @@ def profile_steps(run, *, steps=1, device=None, updates=None, scope="gradients",
         op_seconds={op: statistics.median(times) for op, times in seconds.items()},
         temporaries={op: max(sizes) for op, sizes in scratched.items()},
         temporaries_alone={op: min(sizes) for op, sizes in scratched.items()},
-        resident_bytes=resident,
+        resident_bytes=resident, output_bytes=output_bytes,
         chunk_overhead=statistics.median(overheads) if overheads else 1.0,
         source=f"profiled on {stats_device} by TensorFlow's profiler, median of {steps} "
                "steps", **extra)
@@ -269,6 +278,30 @@ def _on_device(stats_device):
     if kind == "GPU":
         return lambda name: name.startswith(f"GPU_{index}_")
     return lambda name: not name.startswith("GPU_") and "host" not in name
+
+
+def _unsized_bytes(trace, unsized, on_device):
+    """``{tensor name: bytes asked for}`` of the outputs of ``unsized`` (see
+    :func:`profile_steps`) without a static size, from ``trace``'s allocations for the
+    outputs of each op: an output of known size takes an allocation of its size, and the
+    allocations left go to the unsized outputs in order where there are as many of them
+    (an output that reuses an input's buffer allocates nothing). An op whose allocations
+    do not match so (one run twice in the step) is left out."""
+    asked = collections.defaultdict(list)
+    for event in trace.allocations:
+        if event.nbytes > 0 and event.region == "output" and event.op in unsized \
+                and on_device(event.allocator):
+            asked[event.op].append(event.requested)
+    found = {}
+    for op, outputs in unsized.items():
+        left = list(asked.get(op, ()))
+        for _, nbytes in outputs:
+            if nbytes is not None and nbytes in left:
+                left.remove(nbytes)
+        unknown = [tensor for tensor, nbytes in outputs if nbytes is None]
+        if len(left) == len(unknown):
+            found.update(zip(unknown, left))
+    return found
 
 
 def _kernel_allocations(trace, on_device):

@@ -244,9 +244,11 @@ def keras_gradients_not_all_reduced(optimizers):
 # One allocator event of a profiled step. ``nbytes`` is the chunk's size, negative when it is
 # freed; ``allocated`` the allocator's bytes in use just after; ``op`` the op that allocated
 # it ("" for a deallocation, which names no op); ``requested`` the bytes the op asked for
-# (0 for a deallocation): a best-fit allocator may hand out a whole free chunk up to twice that.
+# (0 for a deallocation): a best-fit allocator may hand out a whole free chunk up to twice
+# that; ``region`` what the op asked for it as (``"output"`` for one of its outputs, ""
+# for a deallocation).
 AllocatorEvent = collections.namedtuple(
-    "AllocatorEvent", "picos allocator op address nbytes allocated requested")
+    "AllocatorEvent", "picos allocator op address nbytes allocated requested region")
 # One run of an op's kernel in a profiled step, from its start to its end.
 OpRun = collections.namedtuple("OpRun", "op type start_picos end_picos")
 #: What the profiler recorded while ``run()`` ran, each list in time order.
@@ -314,4 +316,5 @@ def _allocator_event(kind, picos, event, stat_names):
         op=str(stats.get("tf_op") or "") if allocated else "",
         address=int(stats.get("addr") or 0), nbytes=nbytes if allocated else -nbytes,
         allocated=int(stats.get("bytes_allocated") or 0),
-        requested=int(stats.get("requested_bytes") or 0) if allocated else 0)
+        requested=int(stats.get("requested_bytes") or 0) if allocated else 0,
+        region=str(stats.get("region_type") or "") if allocated else "")

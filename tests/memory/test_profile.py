@@ -250,3 +250,32 @@ def test_gradient_updates_are_found_past_a_swaps_wait_a_forward_op_reads(graph):
     assert gradient_updates(graph, train) is None  # the waits taken for gradients
     found = gradient_updates(graph, train, grads=grads)
     assert found is not None and sorted(found) == sorted(g.op.name for g in grads)
+
+
+def test_profile_steps_measures_the_outputs_of_no_static_size_as_profile_does(graph):
+    # a training batch norm's workspace (reserve_space_3) has no static shape; both
+    # profilers read its size from the allocator, and the replay counts it
+    from ome.measured_steps import unsized_outputs  # pylint: disable=import-outside-toplevel
+    x = tf.compat.v1.placeholder(tf.float32, [32, 32, 32, 16])
+    h = x
+    for i in range(4):
+        scale = tf.Variable(tf.ones([16]), name=f"scale{i}")
+        h, *_ = tf.compat.v1.nn.fused_batch_norm(h, scale, tf.zeros([16]), is_training=True)
+        h = tf.nn.relu(h)
+    loss = tf.reduce_sum(h)
+    grads, (_, info) = ome.gradients(loss, [x], return_info=True, checkpoints="none")
+    feed = {x: np.random.RandomState(0).randn(32, 32, 32, 16).astype(np.float32)}
+    unsized = unsized_outputs(info.view)
+    workspaces = [t for outputs in unsized.values() for t, nbytes in outputs if nbytes is None]
+    assert workspaces
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(grads, feed)
+        stepped = ome.profile_steps(lambda: sess.run(grads, feed), unsized=unsized)
+        traced = ome.profile(sess, grads, feed, steps=1, peak_steps=0)
+    measured = {t: traced.output_bytes[t] for t in workspaces if t in traced.output_bytes}
+    assert measured and {t: stepped.output_bytes.get(t) for t in measured} == measured
+    assert set(stepped.output_bytes) <= set(workspaces)
+    sized = stepped.sized(info.view)
+    assert all(sized.tensors[t].bytes == round(b * stepped.chunk_overhead)
+               for t, b in measured.items())
