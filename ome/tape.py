@@ -10,7 +10,9 @@ The graph is differentiated as ``tf.gradients`` does, within what the tape saw, 
 variables it watched, explicitly or by reading them, and the tensors passed to ``watch``).
 A source it did not watch gets None (zeros with ``unconnected_gradients="zero"``), a
 target it did not record passes no gradient on, and no gradient flows through an op made
-before the tape or after it (``stop_gradients`` at the tensors those ops hand it).
+before the tape or after it (``stop_gradients`` at the tensors those ops hand it). A TF1
+reference variable, which ``tf.GradientTape`` cannot differentiate, gets its gradient as
+``tf.gradients`` gives it.
 ``stop_recording()``, ``jacobian`` and ``batch_jacobian`` raise: use ``tf.stop_gradient``
 in the forward pass, or ``tf.GradientTape`` for Jacobians.
 """
@@ -219,8 +221,12 @@ def _outside_the_tape(graph, windows, watched_tensors, watched_variables, target
     the tensors where a gradient would leave what the tape recorded on its way to a
     source: read by a recorded op but made before the tape (or made by one from nothing it
     saw), and the targets it did not record. Both empty for a step written wholly inside
-    the tape, as a training step is.
+    the tape, as a training step is, and where a source is a TF1 reference variable
+    (which ``tf.GradientTape`` cannot differentiate): its graph is differentiated as
+    ``tf.gradients`` does.
     """
+    if any(isinstance(s, tf.Variable) and not hasattr(s, "handle") for s in sources):
+        return set(), []
     ops = graph.get_operations()
     recorded = [op for g, start, end in windows if g is graph
                 for op in ops[start:len(ops) if end is None else end]]

@@ -96,6 +96,22 @@ def test_what_the_tape_did_not_see_gets_what_tf_gives(model):
     assert plan.recomputed and info.copied_ops > 0
 
 
+def test_a_reference_variable_gets_the_gradient_tf_gradients_gives(model):
+    # tf.GradientTape cannot differentiate a TF1 reference variable; ome's tape gives it
+    x, _, session, feed = model
+    ref = tf.compat.v1.get_variable("reference", [64, 64], use_resource=False)
+    assert not hasattr(ref, "handle")
+    with ome.GradientTape() as tape:
+        loss = _chain(x, ref)
+    got = tape.gradient(loss, [ref])
+    want = tf.gradients(loss, [ref])
+    session.run(ref.initializer)
+    got_value, want_value = session.run([got[0], want[0]], feed)
+    np.testing.assert_array_equal(got_value, want_value)
+    plan, info = tape.plans[0]
+    assert plan.recomputed and info.copied_ops > 0
+
+
 def test_non_persistent_second_call_raises_like_tf(model):
     x, w, _, _ = model
     with ome.GradientTape() as tape:
