@@ -644,6 +644,7 @@ def _print_playbook(out_dir, say):
             say(f"{model:<6} {sequence:>5} {mode:<9} {_gib(bar.parameters)} "
                 f"{_gib(bar.gradients)} {_gib(bar.optimizer_states)} "
                 f"{_gib(bar.activations):>11} {_gib(bar.total)}")
+    os.makedirs(out_dir, exist_ok=True)
     path = plot_playbook(os.path.join(out_dir, "playbook_memory.png"))
     say(f"\nwrote {path}\n")
     _print_real_architectures(say)
