@@ -13,8 +13,10 @@ target it did not record passes no gradient on, and no gradient flows through an
 before the tape or after it (``stop_gradients`` at the tensors those ops hand it). A TF1
 reference variable, which ``tf.GradientTape`` cannot differentiate, gets its gradient as
 ``tf.gradients`` gives it.
-``stop_recording()``, ``jacobian`` and ``batch_jacobian`` raise: use ``tf.stop_gradient``
-in the forward pass, or ``tf.GradientTape`` for Jacobians.
+A None entry of ``output_gradients`` stands for ones, as in ``tf.gradients`` (where
+``tf.GradientTape`` mostly raises). ``stop_recording()``, ``jacobian`` and
+``batch_jacobian`` raise: use ``tf.stop_gradient`` in the forward pass, or
+``tf.GradientTape`` for Jacobians.
 """
 import contextlib
 import threading
@@ -166,7 +168,7 @@ class GradientTape(tf.GradientTape):
         mode = _unconnected_mode(unconnected_gradients)
         unseen, stop = _outside_the_tape(
             tf.compat.v1.get_default_graph(), self._windows, self._watched_tensors,
-            self.watched_variables(), targets, flat_sources)
+            self.watched_variables(), targets, flat_sources, grad_ys)
         if stop:
             options = {**options, "stop_gradients": list(options.get("stop_gradients") or ())
                        + stop}
@@ -213,11 +215,14 @@ def tracing_step(overrides, tapes):
         _TRACING.step = previous
 
 
-def _outside_the_tape(graph, windows, watched_tensors, watched_variables, targets, sources):
+def _outside_the_tape(graph, windows, watched_tensors, watched_variables, targets, sources,
+                      grad_ys=None):
     """What ``tf.GradientTape`` would not differentiate: ``(unseen, stop)``.
 
     ``unseen``: the indices of ``sources`` the tape did not see (a variable it did not
-    watch, a tensor neither watched nor made by a recorded op from what it saw). ``stop``:
+    watch, a tensor neither watched nor made by a recorded op from what it saw, nor a
+    target, whose gradient is its output gradient: ``grad_ys``' entry, or ones where
+    ``grad_ys`` is None, as TensorFlow seeds it). ``stop``:
     the tensors where a gradient would leave what the tape recorded on its way to a
     source: read by a recorded op but made before the tape (or made by one from nothing it
     saw), and the targets it did not record. Both empty for a step written wholly inside
@@ -233,10 +238,12 @@ def _outside_the_tape(graph, windows, watched_tensors, watched_variables, target
     recorded_names = {op.name for op in recorded}
     seeds = [t for t in watched_tensors if t.graph is graph] + [
         tfprivate.captured_in(variable.handle, graph) for variable in watched_variables]
-    # not by creation order: a rewrite of ome's inside the tape re-points older ops
-    seen = _downstream((t for t in seeds if t is not None), within=recorded_names)
+    seen = _seen_by_tape((t for t in seeds if t is not None), recorded_names)
     source_tensors = [_source_tensor(s, graph) for s in sources]
-    unseen = {i for i, t in enumerate(source_tensors) if t is None or t.name not in seen}
+    targeted = {t.name for i, t in enumerate(targets) if isinstance(t, tf.Tensor)
+                and (grad_ys is None or grad_ys[i] is not None)}
+    unseen = {i for i, t in enumerate(source_tensors)
+              if t is None or (t.name not in seen and t.name not in targeted)}
     downstream = _downstream(t for t in source_tensors if t is not None)
     if not downstream:
         return unseen, []
@@ -256,17 +263,34 @@ def _source_tensor(source, graph):
     return None if handle is None else tfprivate.captured_in(handle, graph)
 
 
-def _downstream(tensors, within=None):
-    """Names of ``tensors`` and of every tensor computed from them (by the ops named in
-    ``within`` only, where given)."""
+def _seen_by_tape(seeds, recorded):
+    """Names of ``seeds`` and of what the tape tracks from them, as ``tf.GradientTape``
+    records: the outputs of a recorded op (named in ``recorded``) that reads a tracked
+    tensor of a differentiable type, unless the op has no gradient (``StopGradient``,
+    ``Shape``, a comparison). Read by consumers, not by creation order: a rewrite of
+    ome's inside a persistent tape re-points older ops to newer copies."""
+    found, pending = set(), list(seeds)
+    while pending:
+        tensor = pending.pop()
+        if tensor.name in found:
+            continue
+        found.add(tensor.name)
+        dtype = tensor.dtype.base_dtype
+        if dtype.is_floating or dtype.is_complex or dtype in (tf.resource, tf.variant):
+            pending.extend(t for op in tensor.consumers() if op.name in recorded
+                           and not tfprivate.has_no_gradient(op.type) for t in op.outputs)
+    return found
+
+
+def _downstream(tensors):
+    """Names of ``tensors`` and of every tensor computed from them."""
     found, pending = set(), list(tensors)
     while pending:
         tensor = pending.pop()
         if tensor.name in found:
             continue
         found.add(tensor.name)
-        pending.extend(t for op in tensor.consumers()
-                       if within is None or op.name in within for t in op.outputs)
+        pending.extend(t for op in tensor.consumers() for t in op.outputs)
     return found
 
 

@@ -51,6 +51,17 @@ def captured_in(tensor, graph):
     return current if getattr(current, "graph", None) is chain[0] else None
 
 
+def has_no_gradient(op_type):
+    """Whether ops of ``op_type`` are registered as not differentiable (``StopGradient``,
+    ``Shape``, comparisons): a ``tf.GradientTape`` does not record them."""
+    from tensorflow.python.framework import ops  # pylint: disable=import-outside-toplevel
+
+    try:
+        return ops._gradient_registry.lookup(op_type) is None  # pylint: disable=protected-access
+    except LookupError:
+        return False
+
+
 def control_outputs(op):
     """The ops that wait for ``op`` by a control input."""
     return list(op._control_outputs)  # pylint: disable=protected-access

@@ -73,8 +73,11 @@ def _seen_by(tape_class, x, w):
     before = tf.tanh(tf.matmul(x, w))  # made before the tape: it was not recorded
     with tape_class(persistent=True) as tape:
         loss = _chain(before, w)
+        held = tf.stop_gradient(loss)  # a tape tracks nothing through the stop
+        stopped = held * loss
     after = 2.0 * loss  # made after it: not recorded either
-    seen = tape.gradient(loss, [x, w, before]) + tape.gradient(after, [w])
+    seen = tape.gradient(loss, [x, w, before]) + tape.gradient(after, [w]) + \
+        tape.gradient(stopped, [held])
     with tape_class(watch_accessed_variables=False) as watching:
         watching.watch(before)
         loss = _chain(before, w)
@@ -88,8 +91,8 @@ def test_what_the_tape_did_not_see_gets_what_tf_gives(model):
     want, _ = _seen_by(tf.GradientTape, x, w)
     got, tape = _seen_by(ome.GradientTape, x, w)
     assert [g is None for g in got] == [g is None for g in want] == [
-        True, False, True, True, True, False]
-    got_values, want_values = session.run([[got[1], got[5]], [want[1], want[5]]], feed)
+        True, False, True, True, True, True, False]
+    got_values, want_values = session.run([[got[1], got[6]], [want[1], want[6]]], feed)
     for g, e in zip(got_values, want_values):
         _assert_close(g, e)
     plan, info = tape.plans[0]
