@@ -269,28 +269,25 @@ def _seen_by_tape(seeds, recorded):
     tensor of a differentiable type, unless the op has no gradient (``StopGradient``,
     ``Shape``, a comparison). Read by consumers, not by creation order: a rewrite of
     ome's inside a persistent tape re-points older ops to newer copies."""
-    found, pending = set(), list(seeds)
-    while pending:
-        tensor = pending.pop()
-        if tensor.name in found:
-            continue
-        found.add(tensor.name)
+    def recorded_from(tensor, op):
         dtype = tensor.dtype.base_dtype
-        if dtype.is_floating or dtype.is_complex or dtype in (tf.resource, tf.variant):
-            pending.extend(t for op in tensor.consumers() if op.name in recorded
-                           and not tfprivate.has_no_gradient(op.type) for t in op.outputs)
-    return found
+        return op.name in recorded and not tfprivate.has_no_gradient(op.type) and (
+            dtype.is_floating or dtype.is_complex or dtype in (tf.resource, tf.variant))
+
+    return _downstream(seeds, recorded_from)
 
 
-def _downstream(tensors):
-    """Names of ``tensors`` and of every tensor computed from them."""
+def _downstream(tensors, follows=lambda tensor, op: True):
+    """Names of ``tensors`` and of every tensor computed from them (by the ops that
+    ``follows(tensor, op)`` allows to read a tensor found)."""
     found, pending = set(), list(tensors)
     while pending:
         tensor = pending.pop()
         if tensor.name in found:
             continue
         found.add(tensor.name)
-        pending.extend(t for op in tensor.consumers() for t in op.outputs)
+        pending.extend(t for op in tensor.consumers() if follows(tensor, op)
+                       for t in op.outputs)
     return found
 
 
