@@ -193,14 +193,14 @@ class _TrainStep:
         _refuse_eager(tf.executing_eagerly(), fix="set it back to False")
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         _check_batch_known(x, self.options)
-        if model.built:
-            _build_optimizer_in_trace(model)
         with GradientTape(**{**self.options, **self.overrides}) as tape:
             y_pred, loss = tfprivate.keras_forward_and_loss(
                 model, x, y, sample_weight, batch_size=tf.shape(_first_input(x))[0])
             if model.optimizer is not None:
                 loss = model.optimizer.scale_loss(loss)
-        _build_optimizer_in_trace(model)  # a model built by its first call has weights now
+        # built before the trace where the model was (_build_optimizer); a model built by
+        # its first call has its weights only now
+        _build_optimizer_in_trace(model)
         weights = model.trainable_weights
         if weights:
             with measure.declared_resident(_resident(model, data)):
