@@ -24,6 +24,15 @@ NEXT_ITERATION_OPS = frozenset({"NextIteration", "RefNextIteration"})
 PERSISTENT_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "Variable",
                             "Const", "Placeholder", "PlaceholderWithDefault"})
 _STATE_DTYPES = (tf.resource, tf.variant)
+# Ops that pass a reference on or read it without writing it.
+_REFERENCE_PASSING_OPS = frozenset({
+    "Identity", "RefIdentity", "RefSwitch", "RefEnter", "RefExit", "RefMerge",
+    "RefNextIteration", "IsVariableInitialized"})
+_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "TemporaryVariable"})
+# Ops whose output shares its input's buffer.
+_BUFFER_SHARING_OPS = frozenset({
+    "Identity", "RefIdentity", "IdentityN", "Reshape", "ExpandDims", "Squeeze",
+    "StopGradient", "PreventGradient", "Bitcast", "RefSwitch", "RefEnter"})
 
 
 def _dtype_size(dtype):
@@ -156,6 +165,41 @@ def recomputable(op):
     return True, ""
 
 
+def _variable_of(reference):
+    """The variable op a reference tensor comes from (through ops passing it on)."""
+    op = reference.op
+    while op.type not in _VARIABLE_OPS and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+def _assigned_variable_buffers(ys):
+    """The names of the tensors sharing the buffer of a reference variable that an op
+    ``ys`` wait for (by data or control) writes. A reference variable's read is no
+    snapshot: an assignment before the loss changes what a copy in backprop would read,
+    where the original read the value before it."""
+    written, seen, stack = set(), set(), [t.op for t in ys]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type not in _REFERENCE_PASSING_OPS:
+            written.update(_variable_of(t) for t in op.inputs
+                           if tfprivate.is_ref_dtype(t.dtype))
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    shared, stack = set(), [t for op in written for t in op.outputs]
+    while stack:
+        tensor = stack.pop()
+        if tensor.name in shared:
+            continue
+        shared.add(tensor.name)
+        stack.extend(t for op in tensor.consumers() if op.type in _BUFFER_SHARING_OPS
+                     for t in op.outputs)
+    return shared
+
+
 def _is_persistent(op):
     if op.type in PERSISTENT_OPS:
         return True
@@ -211,11 +255,15 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
     backward = set(backward_ops)
     forward = _forward_ops(ys, backward)
     merged = merges.merged_tensors(ys[0].graph, pruned=_unneeded(backward, grads))
+    assigned = _assigned_variable_buffers(ys)
     forward_order, backward_order = _order(forward), _order(backward)
     ops, tensors = {}, {}
     for op in forward_order + backward_order:  # not a set's order: it changes between runs
         is_backward = op in backward
         ok, why = (False, "") if is_backward else recomputable(op)
+        if ok and any(t.name in assigned for t in op.inputs):
+            ok, why = False, (f"{op.type} reads a reference variable that is assigned before "
+                              "the loss: a copy would read the assigned value")
         ops[op.name] = OpInfo(
             name=op.name, type=op.type, inputs=_acyclic_inputs(op),
             outputs=tuple(t.name for t in op.outputs),
@@ -227,7 +275,7 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
             shape, size = shape_and_bytes(t, batch_size, every_dimension=not is_backward)
             tensors[t.name] = TensorInfo(
                 name=t.name, op=op.name, shape=shape, dtype=t.dtype.name, bytes=size,
-                is_float=t.dtype.is_floating, persistent=_is_persistent(op),
+                is_float=t.dtype.is_floating, persistent=_is_persistent(op) or t.name in assigned,
                 merged=not is_backward and t.name in merged)
     seeds = sorted({s.name for s in seeds if s.name in ops})
     return GraphView(ops, tensors, [o.name for o in forward_order],

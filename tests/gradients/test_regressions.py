@@ -630,3 +630,35 @@ def test_a_swapped_in_tensor_keeps_its_static_shape_through_the_host(graph):
     plan, _ = compare([y], [w], {}, checkpoints=[swapped], swap=[swapped],
                       host_device="/device:CPU:1")
     assert plan.swapped
+
+
+@pytest.mark.parametrize("read", ["as_is", "reshaped"])
+def test_a_reference_variable_assigned_before_the_loss_is_read_by_no_copy(graph, read):
+    # A reference variable's read shares its buffer: a copy in backprop of an op reading
+    # it would see the value an assignment ordered before the loss wrote, where the
+    # original saw the value before it
+    v = tf.compat.v1.Variable(np.full((64, 64), 0.1, np.float32), use_resource=False)
+    x = tf.compat.v1.placeholder(tf.float32, (64, 64))
+    h, products = x, []
+    for _ in range(5):
+        products.append(tf.matmul(h, v if read == "as_is" else tf.reshape(v, (64, 64))))
+        h = tf.tanh(products[-1])
+    with tf.control_dependencies([h]):
+        assigned = tf.compat.v1.assign_add(v, tf.ones((64, 64)))
+    with tf.control_dependencies([assigned]):
+        y = tf.reduce_sum(h) + 0.0
+        # the backward pass waits for the assignment: plain's values are then defined
+        seed = tf.ones_like(y) * tf.cast(tf.size(assigned), tf.float32) / 4096.0
+    expected = tf.gradients(y, [x, v], grad_ys=[seed])
+    grads, (plan, _) = ome.gradients(y, [x, v], grad_ys=[seed], checkpoints=[h],
+                                     return_info=True)
+    assert plan.recomputed and not {p.name for p in products} & set(plan.recomputed)
+    with tf.compat.v1.Session() as sess:
+        sess.run(v.initializer)
+        got = sess.run(grads, {x: np.ones((64, 64))})
+        sess.run(v.initializer)
+        want = sess.run(expected, {x: np.ones((64, 64))})
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    with pytest.raises(errors.InvalidArgumentError, match="assigned before the loss"):
+        ome.gradients(y, [x, v], grad_ys=[seed], pin={products[2]: "recompute"})
