@@ -13,9 +13,9 @@ target it did not record passes no gradient on, and no gradient flows through an
 before the tape or after it (``stop_gradients`` at the tensors those ops hand it). A TF1
 reference variable, which ``tf.GradientTape`` cannot differentiate, gets its gradient as
 ``tf.gradients`` gives it.
+Ops made inside ``stop_recording()`` are not recorded, as in ``tf.GradientTape``.
 A None entry of ``output_gradients`` stands for ones, as in ``tf.gradients`` (where
-``tf.GradientTape`` mostly raises). ``stop_recording()``, ``jacobian`` and
-``batch_jacobian`` raise: use ``tf.stop_gradient`` in the forward pass, or
+``tf.GradientTape`` mostly raises). ``jacobian`` and ``batch_jacobian`` raise: use
 ``tf.GradientTape`` for Jacobians.
 """
 import contextlib
@@ -181,12 +181,6 @@ class GradientTape(tf.GradientTape):
             self._watched_variables = self._tape.watched_variables()
             self._tape = None
         return tf.nest.pack_sequence_as(sources, grads)
-
-    def stop_recording(self):
-        """Refused: ome differentiates the graph, so unrecorded ops would still count."""
-        raise errors.InvalidArgumentError(
-            "ome.GradientTape differentiates the graph, so stop_recording() cannot hide "
-            "operations from it: wrap those tensors in tf.stop_gradient instead")
 
     def jacobian(self, *args, **kwargs):
         """Refused: ome rewrites gradients only; use ``tf.GradientTape`` for Jacobians."""
