@@ -32,7 +32,9 @@ The phases of :class:`MeasuredSteps`, one call of the step each:
    first :data:`JUDGED_RUNS` runs is built with its first plan again, and keeps it (a
    plan made from measured costs is never kept when it measures worse than the plan it
    was made from). Where the plan for the budget is refused, but the smallest reachable
-   budget it names is within the user's, the step is planned for that, once. Where the
+   budget it names is within the user's, the step is planned for that, once, unless that
+   plan's predicted peak plus the profiled step's error over its replay is over the
+   budget (it would exceed the budget: refused at once). Where the
    plans for the budget are refused while the profiled first plan peaked within it, the
    step runs the first plan, checked as the others (a budget it meets is never refused).
    Within the budget but under :data:`USE` of it, where the plan predicted more than it
@@ -139,7 +141,7 @@ def first_instead(refusal, first):
     the plan predicted to come nearest, and its profile plans a step like the one that
     will fit (one swapping as much as it does), where the default plan's peaks higher and
     misjudges such a step."""
-    reachable = _reachable(refusal)
+    reachable = _named(refusal, "reachable")
     if reachable is not None and first.get("memory_budget") != reachable:
         return {"memory_budget": reachable}
     return dict(DEFAULT_PLAN)
@@ -243,6 +245,7 @@ class MeasuredSteps:
         self.profile_seconds = 0.0
         self.cost_model = None  # what the profiled step measured
         self.profiled_peak = None  # the device's peak in the profiled step (first plan)
+        self.replay_error = 0  # how much higher the profiled step peaked than its replay
         self.fell_back = False  # to the first plan: the budget's plans were refused
         self.tried_smallest = False  # planned for the smallest reachable budget
         self.kept_first = False  # planned again without a budget, it measured higher
@@ -378,7 +381,7 @@ class MeasuredSteps:
         self.cost_model = costs
         self.overrides = {} if costs is None else {"cost_model": costs}
         if self.budget is not None:
-            error = 0 if replayed is None else max(0, peak - replayed)
+            error = self.replay_error = 0 if replayed is None else max(0, peak - replayed)
             self.overrides["memory_budget"] = self.budget - error - int(CREEP * self.budget)
             log.info("%s: the profiled step peaked at %s, %s over its replay's %s: the budget "
                      "is planned for %s (%.0f%% of it left for the spread of its peak)", self.name,
@@ -395,9 +398,16 @@ class MeasuredSteps:
             out = self.step(*args, **kwargs)  # a step built again traces and plans here
         except errors.BudgetError as err:  # raised while tracing: no op ran, no update
             target = self.overrides.get("memory_budget")
-            reachable = _reachable(err)
-            if not self.tried_smallest and target is not None and reachable is not None \
-                    and target < reachable <= self.budget:
+            reachable, smallest = _named(err, "reachable"), _named(err, "smallest_peak")
+            # the smallest plan peaks above its prediction by what the replay missed
+            doomed = smallest is not None and smallest + self.replay_error > self.budget
+            if doomed:
+                err = errors.BudgetError(
+                    f"{err}; measured, it would peak near {format_bytes(smallest)} + "
+                    f"{format_bytes(self.replay_error)} (what the profiled step peaked above "
+                    "its replay), over the budget")
+            if not self.tried_smallest and not doomed and target is not None and \
+                    reachable is not None and target < reachable <= self.budget:
                 # the margins the target left are a guess: the smallest plan, predicted
                 # within the budget itself, is measured as every plan is
                 log.info("%s: %s; planned for that instead, within the budget of %s", self.name,
@@ -524,13 +534,14 @@ class MeasuredSteps:
         return True
 
 
-def _reachable(err):
-    """The smallest reachable budget a refusal names (``BudgetError.reachable``), or None;
+def _named(err, figure):
+    """A figure a refusal names, or None: ``reachable`` (the smallest reachable budget) or
+    ``smallest_peak`` (that plan's predicted peak) of :class:`ome.errors.BudgetError`;
     read through the errors it was raised from (AutoGraph raises a copy of an error
     raised while tracing, with the original as its context)."""
     while err is not None:
-        if getattr(err, "reachable", None) is not None:
-            return err.reachable
+        if getattr(err, figure, None) is not None:
+            return getattr(err, figure)
         err = err.__cause__ or err.__context__
     return None
 

@@ -321,6 +321,7 @@ def fit_budget(view, budget, *, host_device=None, static_bytes=0, model=STATIC,
             f"{headroom(model):.0%} of the budget is left free"
             f"{'; without a host device to swap to' if host_device is None else ''})")
         refused.reachable = reachable  # what a step that measures itself may try instead
+        refused.smallest_peak = smallest + static_bytes  # that plan's predicted peak
         raise refused
     policy = "budget:none" if plan.changes_nothing() else "budget:optimal"
     return _chosen(view, plan, policy, budget, model, static_bytes)

@@ -215,12 +215,15 @@ def test_only_a_cost_model_measured_on_the_step_spares_it_its_measurement(costs,
         (DEFAULT if first == DEFAULT else {})
 
 
+@pytest.mark.parametrize("replayed", [None, 92 * MiB])
 def test_a_refused_target_is_planned_for_the_smallest_reachable_budget_within_the_users(
-        monkeypatch):
+        monkeypatch, replayed):
+    # unless the smallest plan's prediction (90 MiB), plus what the profiled step peaked
+    # over its replay, is over the budget: that plan would exceed it, so it is not run
     monkeypatch.setattr(measured_steps, "memory_stats", _Device([104 * MiB, 0, 97 * MiB]))
     monkeypatch.setattr(measured_steps, "profile_steps", lambda run, **kwargs: (
         run(), CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in"))[1])
-    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: None)
+    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: replayed)
     plan = types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
     built = []
 
@@ -230,7 +233,7 @@ def test_a_refused_target_is_planned_for_the_smallest_reachable_budget_within_th
         def step():
             if (overrides.get("memory_budget") or 0) < 95 * MiB and overrides != DEFAULT:
                 refused = errors.BudgetError("cannot fit; the smallest reachable is 95 MiB")
-                refused.reachable = 95 * MiB
+                refused.reachable, refused.smallest_peak = 95 * MiB, 90 * MiB
                 try:  # as AutoGraph raises it: a copy, the original its context
                     raise refused
                 except errors.BudgetError:
@@ -240,7 +243,13 @@ def test_a_refused_target_is_planned_for_the_smallest_reachable_budget_within_th
 
     step = measured_steps.MeasuredSteps(build, budget=lambda: 100 * MiB, updates=lambda: None,
                                         plans=lambda: [(plan, None)], name="step")
-    assert [step(), step(), step()] == [1, 1, 3]  # the profiled plan peaked at 104 MiB
+    assert [step(), step()] == [1, 1]  # the profiled plan peaked at 104 MiB
+    if replayed is not None:
+        with pytest.raises(errors.BudgetError, match=r"peak near 90.0 MiB \+ 12.0 MiB"):
+            step()
+        assert built == [None, 88 * MiB - CREEP] and not step.tried_smallest
+        return
+    assert step() == 3
     assert built == [None, 100 * MiB - CREEP, 95 * MiB] and step.tried_smallest
     assert step.phase == "held" and not step.fell_back
 
