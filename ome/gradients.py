@@ -737,14 +737,15 @@ def apply_plan(saved, ys, xs, grad_ys=None, *, name="gradients"):
     grads, view, _ = _build_and_capture(ys, xs, grad_ys, scope, None, {})
     if view.step_fingerprint() != saved.step:
         _refuse_other_step(name)
-    return _returned(grads, _apply(saved, view, graph, scope).held)
+    return _returned(grads, _apply(saved.in_scope(view.backward_scope()), view, graph,
+                                   scope).held)
 
 
 def _refuse_other_step(name):
     raise errors.InvalidArgumentError(
         f"the plan was made for another step: tf.gradients here (under name={name!r}) "
         "builds other ops than the step the plan was made for (another graph, other ys, "
-        "xs or grad_ys, or another name)")
+        "xs or grad_ys)")
 
 
 def _returned(grads, held):

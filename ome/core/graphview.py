@@ -286,18 +286,36 @@ class GraphView:
                 and self.xs == other.xs and self.ys == other.ys and self.grads == other.grads
                 and self.seeds == other.seeds)
 
+    def backward_scope(self):
+        """The name scope backprop's ops were built under ("gradients", ...), or ""."""
+        return next((name.split("/", 1)[0] for name in self.backward if "/" in name), "")
+
     def step_fingerprint(self):
         """A digest of the step's structure (ops, their edges and kinds, the orders, xs,
-        ys, gradients, seeds), not of sizes or costs: the schedule a plan builds depends on
-        the structure and the decisions alone, so a plan made for one view builds the same
-        ops on any view with the same fingerprint (:func:`ome.apply_plan`)."""
+        ys, gradients, seeds), not of sizes or costs, nor of the name scope backprop was
+        built under: the schedule a plan builds depends on the structure and the decisions
+        alone, so a plan made for one view builds the same ops on any view with the same
+        fingerprint (:func:`ome.apply_plan`)."""
+        backward = {o.name for o in self.ops.values() if o.backward}
+
+        def named(name):
+            # backprop's ops sit in one name scope ("gradients", "gradients_1", ...): the
+            # same step built again under another has the same fingerprint
+            if name is None or name.split(":")[0] not in backward or "/" not in name:
+                return name
+            return "<backprop>/" + name.split("/", 1)[1]
+
+        def names(seq):
+            return [named(name) for name in seq]
+
         def compute():
-            ops = [(o.name, o.type, o.inputs, o.outputs, o.control_inputs, o.backward,
-                    o.recomputable, o.in_tf1_frame) for o in self.ops.values()]
-            tensors = [(t.name, t.op, t.dtype, t.is_float, t.persistent)
+            ops = [(named(o.name), o.type, names(o.inputs), names(o.outputs),
+                    names(o.control_inputs), o.backward, o.recomputable, o.in_tf1_frame)
+                   for o in self.ops.values()]
+            tensors = [(named(t.name), named(t.op), t.dtype, t.is_float, t.persistent)
                        for t in self.tensors.values()]
-            structure = [sorted(ops), sorted(tensors), self.forward, self.backward, self.xs,
-                         self.ys, self.grads, self.seeds]
+            structure = [sorted(ops), sorted(tensors), self.forward, names(self.backward),
+                         self.xs, self.ys, names(self.grads), names(self.seeds)]
             return hashlib.sha256(json.dumps(structure).encode()).hexdigest()
         return self.derived("step_fingerprint", compute)
 

@@ -77,6 +77,7 @@ class Plan:
     estimates: Dict[str, float] = field(default_factory=dict)
     solver: Optional[Solver] = None
     step: str = ""
+    scope: str = ""  # the name scope backprop was built under, which the schedule names
 
     @property
     def swapped(self):
@@ -102,6 +103,25 @@ class Plan:
 
     def changes_nothing(self):
         return self.schedule.is_empty()
+
+    def in_scope(self, scope):
+        """This plan for its step built again with backprop under name scope ``scope``
+        (``gradients_1`` where ``gradients`` was taken): the schedule's backward ops
+        renamed."""
+        if not self.scope or scope == self.scope:
+            return self
+        prefix = self.scope + "/"
+
+        def renamed(value):
+            if isinstance(value, str) and value.startswith(prefix):
+                return f"{scope}/{value[len(prefix):]}"
+            if isinstance(value, (list, tuple)):
+                return [renamed(v) for v in value]
+            if isinstance(value, dict):
+                return {k: renamed(v) for k, v in value.items()}
+            return value
+        return replace(self, scope=scope, schedule=Schedule.from_dict(
+            renamed(asdict(self.schedule))))
 
     def to_json(self):
         data = asdict(self)
@@ -167,7 +187,8 @@ def make_plan(view, decisions, reasons, policy, *, checkpoints=(), host_device=N
                                    reasons.get(t) or _default_reason(view, t, decision)))
     return Plan(policy=policy, xs=view.xs, ys=view.ys, tensors=tuple(rows), schedule=built,
                 checkpoints=tuple(checkpoints), host_device=host_device if built.swaps else None,
-                estimates=dict(estimates or {}), solver=solver, step=view.step_fingerprint())
+                estimates=dict(estimates or {}), solver=solver, step=view.step_fingerprint(),
+                scope=view.backward_scope())
 
 
 def _default_reason(view, tensor, decision):

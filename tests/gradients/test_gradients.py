@@ -216,6 +216,30 @@ def test_a_saved_plan_runs_its_pairs_side_by_side_where_applied():
         assert_same(*run_both(case, grads))
 
 
+def test_a_saved_plan_applies_where_its_name_scope_is_taken():
+    """Built again in a graph where backprop's name scope is taken (tf.gradients ran
+    there first), the step's backprop is "gradients_1": the saved schedule is renamed into
+    it, bit-equal to tf.gradients, where it was refused as made for another step."""
+    with tf.Graph().as_default():
+        case = graphs.mlp(layers=4, width=64, batch=8)
+        _, (plan, _) = ome.gradients(case.ys, case.xs, checkpoints=case.interior,
+                                     return_info=True)
+    saved = ome.Plan.from_json(plan.to_json())
+    assert saved.scope == "gradients" and saved.schedule.holds and saved.recomputed
+    with tf.Graph().as_default() as graph:
+        case = graphs.mlp(layers=4, width=64, batch=8)
+        want = tf.gradients(case.ys, case.xs)
+        grads = ome.apply_plan(saved, case.ys, case.xs)
+        assert any(standins.is_stand_in(op.name, "recomputed") for op in graph.get_operations())
+        deps = rewrite.dependencies(graph)
+        for first, second in saved.in_scope("gradients_1").schedule.side_by_side:
+            assert first.startswith("gradients_1/") and not nx.has_path(deps, first, second)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for got, expected in zip(*sess.run([grads, want], case.feed), strict=True):
+                np.testing.assert_array_equal(got, expected)
+
+
 def test_a_previewed_plan_applies_as_saved_and_refuses_another_step():
     """ome.plan's plan, saved as JSON, builds exactly its schedule through apply_plan
     (equal to tf.gradients, the recomputed copies there); the same plan on a step with one
