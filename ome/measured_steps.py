@@ -56,7 +56,8 @@ from ome import errors
 from ome.core.sizes import format_bytes, parse_bytes
 from ome.policies import planner
 from ome.tf import host
-from ome.tf.measure import check_counts_every_allocation, memory_stats, memory_stats_device
+from ome.tf.measure import (check_counts_every_allocation, memory_stats, memory_stats_device,
+                             out_of_memory)
 from ome.tf.profile import profile_steps
 
 log = logging.getLogger(__name__)
@@ -260,6 +261,25 @@ class MeasuredSteps:
     def __call__(self, *args, **kwargs):
         if self.phase == "done":
             return self.step(*args, **kwargs)
+        try:
+            return self._measuring(*args, **kwargs)
+        except Exception as err:  # pylint: disable=broad-except  (TensorFlow's, re-raised)
+            if not out_of_memory(err):
+                raise
+            if self.phase in ("first", "profile"):
+                running = (f"{first_named(self.first)}, which its first steps run to "
+                           "measure it")
+                advice = ("hand the step a cost_model= (ome.profile_steps at a smaller "
+                          "batch, scaled by ome.core.batch_scaling) so that its first steps "
+                          "run a plan for the budget, or give it more memory")
+            else:
+                running = f"the plan for {_format(self._planned_for())}"
+                advice = "give it a lower budget, or more memory"
+            raise self._refusal(errors.OutOfMemoryError(
+                f"{self.name}: the device ran out of memory running {running}: "
+                f"{_oom_line(err)}; {advice}")) from err
+
+    def _measuring(self, *args, **kwargs):
         if self.phase == "first":
             return self._first(*args, **kwargs)
         if self.phase == "profile":
@@ -555,6 +575,12 @@ def link_bytes(peak, held, budget=None):
     top = peak if budget is None else min(peak, budget)
     room = max(0, top - held) // LINK_BUFFERS
     return max(LEAST_LINK_BYTES, min(host.LINK_BYTES, room)) // 4 * 4
+
+
+def _oom_line(err):
+    """The line of TensorFlow's out-of-memory error that names the allocation."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return next((line for line in lines if "OOM" in line), lines[0] if lines else "")
 
 
 def _format(nbytes):

@@ -52,6 +52,7 @@ __all__ = [
     "measure",
     "memory_stats",
     "memory_stats_device",
+    "out_of_memory",
     "ops_sharing_allocator",
     "peak_from_records",
     "per_device_memory",
@@ -650,6 +651,11 @@ def run_step(session, fetches, feed_dict, *, phase, **kwargs):
         session.run(fetches, feed_dict=feed_dict, **kwargs)
     except tf.errors.ResourceExhaustedError as err:
         raise OutOfMemoryError(f"out of memory in a {phase} step: {err.message}") from err
+
+
+def out_of_memory(err):
+    """Whether ``err`` is TensorFlow's out-of-memory error (``ResourceExhaustedError``)."""
+    return isinstance(err, tf.errors.ResourceExhaustedError)
 
 
 def allocations_left_out(device):

@@ -463,3 +463,39 @@ def test_a_budget_is_refused_where_the_allocator_leaves_allocations_out():
     assert done.returncode == 0, done.stderr[-4000:]
     assert [line for line in done.stdout.splitlines() if line.startswith("OK")] == [
         "OK keras", "OK function", "OK session", "OK profile"]
+
+
+@pytest.mark.parametrize("phase", ["first", "check"])
+def test_running_out_of_memory_while_measuring_is_refused_clearly_and_puts_the_variables_back(
+        monkeypatch, phase):
+    # on a device smaller than ome's default plan's peak, the step that measures itself
+    # met TensorFlow's out-of-memory error as it is, the variables half updated
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(measured_steps, "memory_stats", _Device([90 * MiB, 90 * MiB]))
+    monkeypatch.setattr(measured_steps, "profile_steps", lambda run, **kwargs: (
+        run(), CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in"))[1])
+    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: None)
+    plan = types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
+    restored = []
+
+    def build(overrides):
+        def step():
+            if phase == "first" or overrides.get("cost_model") is not None:
+                raise tf.errors.ResourceExhaustedError(
+                    None, None, "Graph execution error:\n\nOOM when allocating tensor with "
+                                "shape[32,64] on CPU:0")
+            return 1
+        return step
+
+    step = measured_steps.MeasuredSteps(
+        build, budget=lambda: 100 * MiB, plans=lambda: [(plan, None)], updates=lambda: None,
+        name="step", state=lambda *args: lambda: restored.append(True))
+    if phase == "check":
+        step(), step()  # the first plan runs, profiled; the plan for the budget runs out
+    running = "ome's default plan, which its first steps run" if phase == "first" else \
+        "the plan for 94.0 MiB"
+    with pytest.raises(errors.OutOfMemoryError, match=(
+            f"ran out of memory running {running}.*OOM when allocating tensor with "
+            r"shape\[32,64\].*back to their values before its first step")):
+        step()
+    assert restored == [True]
