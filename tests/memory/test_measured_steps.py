@@ -32,6 +32,16 @@ class _Device:
         return {"peak": self.peaks[self.step], "current": self.current}
 
 
+def _stood_in(monkeypatch, peaks, replayed=None):
+    """The device's peaks, the profile and the replay stood in for a step built by a
+    test's own ``build``; the plan its traces record."""
+    monkeypatch.setattr(measured_steps, "memory_stats", _Device(peaks))
+    monkeypatch.setattr(measured_steps, "profile_steps", lambda run, **kwargs: (
+        run(), CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in"))[1])
+    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: replayed)
+    return types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
+
+
 @pytest.fixture
 def measured(monkeypatch):
     def make(peaks, budget, *, replayed=None, refused=False, current=0, link=None, xla=False,
@@ -220,11 +230,7 @@ def test_a_refused_target_is_planned_for_the_smallest_reachable_budget_within_th
         monkeypatch, replayed):
     # unless the smallest plan's prediction (90 MiB), plus what the profiled step peaked
     # over its replay, is over the budget: that plan would exceed it, so it is not run
-    monkeypatch.setattr(measured_steps, "memory_stats", _Device([104 * MiB, 0, 97 * MiB]))
-    monkeypatch.setattr(measured_steps, "profile_steps", lambda run, **kwargs: (
-        run(), CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in"))[1])
-    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: replayed)
-    plan = types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
+    plan = _stood_in(monkeypatch, [104 * MiB, 0, 97 * MiB], replayed=replayed)
     built = []
 
     def build(overrides):
@@ -257,11 +263,7 @@ def test_a_refused_target_is_planned_for_the_smallest_reachable_budget_within_th
 def test_a_refused_call_runs_again_on_its_arguments_made_replayable(monkeypatch):
     # a step reading its batch from a Python iterator, as Keras's train function does: the
     # refused call has read it, so the default plan's call needs the batch again
-    monkeypatch.setattr(measured_steps, "memory_stats", _Device([80 * MiB, 0, 85 * MiB]))
-    monkeypatch.setattr(measured_steps, "profile_steps", lambda run, **kwargs: (
-        run(), CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in"))[1])
-    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: None)
-    plan = types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
+    plan = _stood_in(monkeypatch, [80 * MiB, 0, 85 * MiB])
 
     def build(overrides):
         def step(batches):
@@ -471,11 +473,7 @@ def test_running_out_of_memory_while_measuring_is_refused_clearly_and_puts_the_v
     # on a device smaller than ome's default plan's peak, the step that measures itself
     # met TensorFlow's out-of-memory error as it is, the variables half updated
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    monkeypatch.setattr(measured_steps, "memory_stats", _Device([90 * MiB, 90 * MiB]))
-    monkeypatch.setattr(measured_steps, "profile_steps", lambda run, **kwargs: (
-        run(), CostModel(op_seconds={"a": 1.0}, resident_bytes=0, source="stood in"))[1])
-    monkeypatch.setattr(measured_steps, "replayed_peak", lambda record, cost_model: None)
-    plan = types.SimpleNamespace(estimates={"device_peak": 90 * MiB})
+    plan = _stood_in(monkeypatch, [90 * MiB, 90 * MiB])
     restored = []
 
     def build(overrides):
