@@ -108,7 +108,7 @@ class Plan:
         """This plan for its step built again with backprop under name scope ``scope``
         (``gradients_1`` where ``gradients`` was taken): the schedule's backward ops
         renamed."""
-        if not self.scope or scope == self.scope:
+        if not self.scope or not scope or scope == self.scope:
             return self
         prefix = self.scope + "/"
 
