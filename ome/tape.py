@@ -10,13 +10,12 @@ The graph is differentiated as ``tf.gradients`` does, within what the tape saw, 
 variables it watched, explicitly or by reading them, and the tensors passed to ``watch``).
 A source it did not watch gets None (zeros with ``unconnected_gradients="zero"``), a
 target it did not record passes no gradient on, and no gradient flows through an op made
-before the tape or after it (``stop_gradients`` at the tensors those ops hand it). A TF1
+before the tape or after it (``stop_gradients`` at the tensors those ops hand it); ops
+made inside ``stop_recording()`` are not recorded, as in ``tf.GradientTape``. A TF1
 reference variable, which ``tf.GradientTape`` cannot differentiate, gets its gradient as
-``tf.gradients`` gives it.
-Ops made inside ``stop_recording()`` are not recorded, as in ``tf.GradientTape``.
-A None entry of ``output_gradients`` stands for ones, as in ``tf.gradients`` (where
-``tf.GradientTape`` mostly raises). ``jacobian`` and ``batch_jacobian`` raise: use
-``tf.GradientTape`` for Jacobians.
+``tf.gradients`` gives it. A None entry of ``output_gradients`` stands for ones, as in
+``tf.gradients`` (where ``tf.GradientTape`` mostly raises). ``jacobian`` and
+``batch_jacobian`` raise: use ``tf.GradientTape`` for Jacobians.
 """
 import contextlib
 import threading
