@@ -178,17 +178,9 @@ def _assigned_variable_buffers(ys):
     ``ys`` wait for (by data or control) writes. A reference variable's read is no
     snapshot: an assignment before the loss changes what a copy in backprop would read,
     where the original read the value before it."""
-    written, seen, stack = set(), set(), [t.op for t in ys]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if op.type not in _REFERENCE_PASSING_OPS:
-            written.update(_variable_of(t) for t in op.inputs
-                           if tfprivate.is_ref_dtype(t.dtype))
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
+    written = {_variable_of(t) for op in upstream_ops(ys, control=True)
+               if op.type not in _REFERENCE_PASSING_OPS
+               for t in op.inputs if tfprivate.is_ref_dtype(t.dtype)}
     shared, stack = set(), [t for op in written for t in op.outputs]
     while stack:
         tensor = stack.pop()
@@ -207,9 +199,10 @@ def _is_persistent(op):
     return op.type == "Identity" and op.inputs and tfprivate.is_ref_dtype(op.inputs[0].dtype)
 
 
-def upstream_ops(tensors, stop=frozenset()):
-    """The ops ``tensors`` depend on through data edges (their producers included), not
-    walking into or past the ops in ``stop``."""
+def upstream_ops(tensors, stop=frozenset(), *, control=False):
+    """The ops ``tensors`` depend on through data edges (and control edges, with
+    ``control``; their producers included), not walking into or past the ops in
+    ``stop``."""
     seen, stack = set(), [t.op for t in tensors]
     while stack:
         op = stack.pop()
@@ -217,6 +210,8 @@ def upstream_ops(tensors, stop=frozenset()):
             continue
         seen.add(op)
         stack.extend(t.op for t in op.inputs)
+        if control:
+            stack.extend(op.control_inputs)
     return seen
 
 
@@ -275,7 +270,8 @@ def capture(ys, xs, seeds, backward_ops, grads, *, batch_size=None):
             shape, size = shape_and_bytes(t, batch_size, every_dimension=not is_backward)
             tensors[t.name] = TensorInfo(
                 name=t.name, op=op.name, shape=shape, dtype=t.dtype.name, bytes=size,
-                is_float=t.dtype.is_floating, persistent=_is_persistent(op) or t.name in assigned,
+                is_float=t.dtype.is_floating,
+                persistent=_is_persistent(op) or t.name in assigned,
                 merged=not is_backward and t.name in merged)
     seeds = sorted({s.name for s in seeds if s.name in ops})
     return GraphView(ops, tensors, [o.name for o in forward_order],
