@@ -35,6 +35,7 @@ class RewriteInfo:
     swapped: List[str] = field(default_factory=list)
     rerouted: int = 0
     tied: int = 0  # copies tied to backprop by data (under XLA, ome.tf.xla)
+    read_late: int = 0  # backward ops' forward reads tied to their gradient (under XLA)
     anchored: int = 0  # sums and products kept read twice, as in plain backprop
     xla: bool = False  # the step is compiled by XLA (set by ome.gradients)
     ordered: int = 0  # ops made to wait for the one before them in the enforced order
@@ -203,9 +204,12 @@ def apply(plan, view, graph, *, emulated=False, scope="ome", xla=False):
             if s.fence:
                 _wait_for(ops[s.fence], [swapped_out[s.tensor].op])
         for reader, triggers in sched.deferred:
-            _wait_for(ops[reader], [ops[t] for t in triggers])
+            _wait(ops[reader], [ops[t] for t in triggers], xla=xla)
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("order"):
         info.ordered = _enforce_order(graph, view, plan, reads, copies, swapped_in, xla=xla)
+    if xla:
+        with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("late"):
+            info.read_late = _read_after_gradient(graph, view)
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("unmerged"):
         _keep_apart(graph)
     with graph.as_default(), graph.name_scope(scope + "/"), tf.name_scope("read"):
@@ -260,11 +264,7 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
             if op in swap_ins:
                 tfprivate.add_control_inputs(op, waits)
             else:
-                tied = _tied_after(op.inputs, waits, op.name) if xla else None
-                if tied is None:
-                    _wait_for(op, waits)
-                else:
-                    tfprivate.update_input(op, *tied)
+                _wait(op, waits, xla=xla)
             waited += 1
     return waited
 
@@ -495,6 +495,17 @@ def _respecting_dependencies(graph, chain):
     return [by_name[name] for name in ordered]
 
 
+def _wait(op, waited, *, xla):
+    """Make existing ``op`` run after the ops ``waited``: under ``xla``, which drops
+    control inputs, by reading an input tied to their outputs (:func:`_tied_after`) where
+    one can be, else by :func:`_wait_for`."""
+    tied = _tied_after(op.inputs, waited, op.name) if xla else None
+    if tied is None:
+        _wait_for(op, waited)
+    else:
+        tfprivate.update_input(op, *tied)
+
+
 def _wait_for(op, waited):
     """Make existing ``op`` (a chained event, a fence or a deferred backward op: it reads a
     tensor made in the step) run after the ops ``waited``: through :func:`_gated` on the
@@ -510,6 +521,8 @@ def _wait_for(op, waited):
         tfprivate.update_input(op, j, gate)
 
 
+# Ops whose outputs XLA materializes anyway: a wait tied to one costs nothing, where a tie
+# to an elementwise op makes XLA keep an output it fuses otherwise (and round differently).
 _MATERIALIZED = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
                            "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
                            "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
@@ -684,6 +697,35 @@ class _XlaTies:
         """Record that ``copy`` of ``original`` is tied when it reads a tied tensor."""
         if any(t.name in self.anchored for t in copy.inputs):
             self.anchored.update(t.name for t in copy.outputs)
+
+
+def _read_after_gradient(graph, view):
+    """Under XLA, whose CPU scheduler runs each op as soon as its inputs are ready: make
+    each backward op the gradient flows through read its forward float inputs tied
+    (:func:`ome.tf.xla.tied`) to its first gradient input, so that what XLA computes from
+    forward tensors alone (a convolution gradient's transposed copy of its input) runs
+    when backprop reaches the op, not in the forward pass holding its result through the
+    step. Not a matmul's: XLA fuses no producer into a dot, so a tied operand would be a
+    copy beside the original, and it computes nothing early from one. Returns how many
+    reads were tied."""
+    forward = set(view.forward)
+    tied = 0
+    for name in view.backward:
+        if name not in view.main or name in view.unneeded:
+            continue
+        op = graph.get_operation_by_name(name)
+        if op.type in _MATMULS:
+            continue
+        gradient = next((t for t in op.inputs if t.op.name in view.main
+                         and xla_mod.can_tie(t.dtype)), None)
+        if gradient is None:
+            continue
+        for i, t in enumerate(op.inputs):
+            if t.op.name in forward and _floating(t):
+                tfprivate.update_input(op, i, xla_mod.tied(t, [gradient],
+                                                           name=op.name + "_late"))
+                tied += 1
+    return tied
 
 
 def _floating(tensor):

@@ -45,9 +45,10 @@ def test_ome_function_with_jit_compile_equals_plain():
     assert len(lines) == 1 and "losses of 4 steps equal" in lines[0]
 
 
-def test_xla_keeps_the_plans_order_and_its_saving_on_resnet18():
+def test_xla_keeps_the_plans_order_its_saving_and_plain_values_on_resnet18():
     lines = run_script("xla_checks.py", "order")
     assert len(lines) == 1 and "kept in the plan's order" in lines[0]
+    assert "loss and gradients equal plain XLA's" in lines[0]
 
 
 def test_a_plan_predicted_to_save_little_is_plain_under_xla():
