@@ -495,11 +495,17 @@ def _respecting_dependencies(graph, chain):
     return [by_name[name] for name in ordered]
 
 
+_REDUCTIONS = frozenset({"Sum", "Mean", "Prod", "Max", "Min", "BiasAddGrad"})
+
+
 def _wait(op, waited, *, xla):
     """Make existing ``op`` run after the ops ``waited``: under ``xla``, which drops
     control inputs, by reading an input tied to their outputs (:func:`_tied_after`) where
-    one can be, else by :func:`_wait_for`."""
-    tied = _tied_after(op.inputs, waited, op.name) if xla else None
+    one can be, else by :func:`_wait_for`. Not a reduction under XLA: a tied input makes
+    XLA:CPU sum it in one pass of its library kernel where plain's sums in two, which
+    rounds differently."""
+    tied = _tied_after(op.inputs, waited, op.name) if xla and op.type not in _REDUCTIONS \
+        else None
     if tied is None:
         _wait_for(op, waited)
     else:

@@ -9,6 +9,7 @@ process turns off). Each check prints ``OK <name>``; a failed check raises.
 - ``mlp``: an MLP step updating its weights, plain and with ome under XLA: same loss,
   gradients and weights, ome's plan recomputed, XLA kept the copies and allocates less;
 - ``specials``: the same gradients when the incoming gradient holds NaN, Inf and -0.0;
+- ``sums``: a bias's gradient ordered after its weight's is summed as in plain XLA;
 - ``swap``: swapping under XLA is refused with ``ome.errors.UnsupportedGraphError``;
 - ``function``: ``ome.function(jit_compile=True)`` measures itself and keeps plain's losses;
 - ``order``: XLA keeps the plan's order of the ops, and so its saving, on ResNet-18,
@@ -159,6 +160,42 @@ def check_specials():
           "gradients bit for bit")
 
 
+def check_sums():
+    """A bias's gradient sums over the batch; made to wait for its weight's gradient
+    through a tied input, XLA:CPU summed it in another order than plain's (a chain of
+    ``sin(-(x @ w + b) * c)``: 3e-10 apart)."""
+    x = tf.random.stateless_normal([BATCH, WIDTH], [1, 2])
+    weights = [tf.Variable(tf.random.stateless_normal([WIDTH, WIDTH], [i, 0]) * 0.06)
+               for i in range(2)]
+    biases = [tf.Variable(tf.random.stateless_normal([WIDTH], [i, 1]) * 0.1) for i in range(2)]
+    variables, tapes = weights + biases, []
+
+    def loss_of(x):
+        for w, b in zip(weights, biases):
+            x = tf.sin(-(x @ w + b) * 0.70710677)
+        return tf.reduce_mean(tf.square(x))
+
+    @tf.function(jit_compile=True)
+    def plain(x):
+        loss = loss_of(x)
+        return loss, tf.gradients(loss, variables)
+
+    @tf.function(jit_compile=True)
+    def mine(x):
+        tapes.append(ome.GradientTape())
+        with tapes[-1]:
+            loss = loss_of(x)
+        return loss, tapes[-1].gradient(loss, variables)
+
+    expected, got = plain(x), mine(x)
+    plan, info = tapes[0].plans[0]
+    assert len(plan.recomputed) > 0 and info.ordered > 0, (plan, info)
+    same_bits(expected[0], got[0], "loss")
+    for variable, a, b in zip(variables, expected[1], got[1]):
+        same_bits(a, b, variable.name)
+    print("OK sums: a bias's gradient, ordered after its weight's, sums as plain XLA's")
+
+
 def check_swap():
     w = tf.Variable(tf.ones([64, 64]))
 
@@ -265,7 +302,7 @@ def check_saving():
 
 
 CHECKS = {"buffers": check_buffers, "ties": check_ties, "mlp": check_mlp,
-          "specials": check_specials, "swap": check_swap, "function": check_function,
+          "specials": check_specials, "sums": check_sums, "swap": check_swap, "function": check_function,
           "order": check_order, "saving": check_saving}
 
 if __name__ == "__main__":

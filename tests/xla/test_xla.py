@@ -29,6 +29,11 @@ def test_nan_inf_and_negative_zero_gradients_are_exact():
     assert len(lines) == 1 and "bit for bit" in lines[0]
 
 
+def test_a_sum_ordered_after_a_matmul_rounds_as_plain_xla():
+    lines = run_script("xla_checks.py", "sums")
+    assert lines == ["OK sums: a bias's gradient, ordered after its weight's, sums as plain XLA's"]
+
+
 def test_swapping_under_xla_is_refused():
     lines = run_script("xla_checks.py", "swap")
     assert lines == ["OK swap refused under XLA: swap='auto' and a swap list"]
