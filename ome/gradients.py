@@ -69,7 +69,10 @@ def _unwrap_variable(value):
 
 
 def _graph_tensor(value, what):
-    """``value`` as a graph tensor; variables become what ``tf.gradients`` differentiates."""
+    """``value`` as a graph tensor; variables become what ``tf.gradients`` differentiates,
+    and ``tensor.ref()`` its tensor (what a dict key must be inside ``tf.function``)."""
+    if isinstance(value, tfprivate.REFERENCE_TYPE):
+        value = value.deref()
     value = _unwrap_variable(value)
     if isinstance(value, tf.Variable):
         graph = tf.compat.v1.get_default_graph()

@@ -52,6 +52,9 @@ def merged_pairs(graph):
         elif op.type in MERGED_ACTIVATIONS and op.inputs[0].op.type == "BiasAdd" and \
                 op.inputs[0].op.inputs[0].op.type in ("Conv2D", "MatMul"):
             yield op, 0, op.inputs[0].op
+        elif op.type in MERGED_ACTIVATIONS and _bias_add_to(op.inputs[0].op) in (
+                ("MatMul",) if op.type in ("Tanh", "Sigmoid") else ("Conv2D", "MatMul")):
+            yield op, 0, op.inputs[0].op
 
 
 def onednn_merges(graph):
@@ -59,10 +62,14 @@ def onednn_merges(graph):
     (``TF_ENABLE_ONEDNN_OPTS``, on by default on recent x86 CPUs) merges into one op, found
     by their data edges: a Conv2D and the BiasAdd reading it as input 0, a Pad and the
     VALID Conv2D reading it as input 0, a BiasAddGrad and the Conv2DBackpropFilter reading
-    its input (or an identity of it) as out_backprop (input 2)."""
+    its input (or an identity of it) as out_backprop (input 2), and an Add of a bias to a
+    matmul or convolution (:func:`_bias_add_to`), which it merges as a BiasAdd."""
     for op in graph.get_operations():
         if op.type == "BiasAdd" and op.inputs[0].op.type == "Conv2D":
             yield op, 0, op.inputs[0].op
+        elif _bias_add_to(op) is not None:
+            i = 0 if op.inputs[0].op.type in _CONTRACTIONS else 1
+            yield op, i, op.inputs[i].op
         elif op.type == "Conv2D" and op.inputs[0].op.type == "Pad" and \
                 op.get_attr("padding") == b"VALID":
             yield op, 0, op.inputs[0].op
@@ -72,6 +79,36 @@ def onednn_merges(graph):
             for reader in readers.values():
                 if reader.type == "Conv2DBackpropFilter" and reader.inputs[2].name in same:
                     yield op, 0, reader
+
+
+_CONTRACTIONS = frozenset({"MatMul", "Conv2D", "DepthwiseConv2dNative", "Conv3D"})
+
+
+def _bias_add_to(op):
+    """The type of the matmul or convolution ``op`` adds a bias to, where oneDNN's
+    remapper takes an Add or AddV2 for a BiasAdd: of a matmul's output and a vector of its
+    width, or of a channels-last convolution's and a shape of ones but its channels (the
+    first input is looked at first, as the remapper does); else None."""
+    if op.type not in ("Add", "AddV2") or len(op.inputs) != 2:
+        return None
+    i = 0 if op.inputs[0].op.type in _CONTRACTIONS else 1
+    main, bias = op.inputs[i], op.inputs[1 - i]
+    contraction = main.op
+    if contraction.type not in _CONTRACTIONS:
+        return None
+    if contraction.type != "MatMul" and \
+            contraction.get_attr("data_format") not in (b"NHWC", b"NDHWC"):
+        return None
+    shape, bias_shape = main.shape, bias.shape
+    if shape.rank is None or bias_shape.rank is None or shape.rank < 2 or \
+            bias_shape.rank < 1 or shape[-1] is None or shape[-1] != bias_shape[-1] or \
+            (shape.is_fully_defined() and shape == bias_shape):
+        return None
+    if contraction.type == "MatMul":
+        fits = bias_shape.rank == 1
+    else:
+        fits = bias_shape.rank <= shape.rank and all(d == 1 for d in bias_shape[:-1])
+    return contraction.type if fits else None
 
 
 def _swishes(graph):

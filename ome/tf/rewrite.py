@@ -251,10 +251,14 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
     # where a search for what an op reads stops: chained ops, and the forward pass (which
     # reads nothing the chain makes)
     bounds = set(chain) | {graph.get_operation_by_name(name) for name in view.forward}
+    # a chained op merged with ops the chain leaves out (a recomputed matmul, bias add and
+    # tanh, of which backprop reads the tanh) waits through the first of them, and is
+    # waited for through a relay: a gate or a control edge inside would split the kernel
+    partner_of = {op: partner for op, _, partner in merges.merged_pairs(graph)}
     waited, relays = 0, {}
     for before, step in zip(steps, steps[1:]):
         # a unit's ends: what no op of its unit reads
-        ends = [(b, len(unit) > 1) for unit in before for b in unit
+        ends = [(b, len(unit) > 1 or b in partner_of) for unit in before for b in unit
                 if not any(t.op is b for other in unit for t in other.inputs)]
         for op in (unit[0] for unit in step):
             waits = [relays.setdefault(b, _relayed(b)) if merged else b for b, merged in ends
@@ -264,9 +268,19 @@ def _enforce_order(graph, view, plan, reads, copies, swapped_in, *, xla=False):
             if op in swap_ins:
                 tfprivate.add_control_inputs(op, waits)
             else:
-                _wait(op, waits, xla=xla)
+                _wait(_merge_root(op, partner_of, bounds), waits, xla=xla)
             waited += 1
     return waited
+
+
+def _merge_root(op, partner_of, chained):
+    """The first op of the merged kernel ``op`` ends, going back through ``partner_of``
+    (:func:`ome.tf.merges.merged_pairs`) to ops not ``chained`` that only the next op
+    reads (so nothing else waited for can depend on them); ``op`` if none."""
+    while op in partner_of and partner_of[op] not in chained and all(
+            reader is op for t in partner_of[op].outputs for reader in t.consumers()):
+        op = partner_of[op]
+    return op
 
 
 # Ops Grappler folds into the matmul reading them (a transpose, as its transpose_a): a

@@ -190,6 +190,10 @@ GRADIENTS_FUNCTIONS = (
     ("tensorflow.python.ops.gradients_impl", "gradients", "v1"),
 )
 
+# What ``tensor.ref()`` and ``variable.ref()`` return: a hashable stand-in, the way to key a
+# dict by tensors inside tf.function.
+REFERENCE_TYPE = importlib.import_module("tensorflow.python.util.object_identity").Reference
+
 # TensorFlow's own gradient functions, bound when this module is first imported, which is
 # before any ome.patch can replace them (ome.patch imports this module): ome builds its
 # backward passes with these, so a patch never routes ome into itself.

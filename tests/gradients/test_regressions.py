@@ -418,10 +418,14 @@ def test_a_shared_weights_fetched_gradient_is_not_held(graph):
 
 
 @pytest.mark.parametrize("checkpoints", ["auto", "memory"])
-def test_no_checkpoint_splits_a_merged_matmul_bias_and_tanh(graph, checkpoints):
-    # TensorFlow runs tanh(x @ w + b) as one kernel. The default plan kept the bias add's
-    # output for the copies to start from, a second reader, so the forward pass ran the
-    # matmul and the tanh apart and every gradient came 1 ulp from tf.gradients'.
+@pytest.mark.parametrize("bias", ["bias_add", "add"])
+def test_no_checkpoint_splits_a_merged_matmul_bias_and_tanh(graph, checkpoints, bias):
+    # TensorFlow runs tanh(x @ w + b) as one kernel, with tf.nn.bias_add or (oneDNN) an add
+    # of a vector, Keras's Dense. The default plan kept the bias add's output for the
+    # copies to start from, a second reader, so the forward pass ran the matmul and the
+    # tanh apart and every gradient came 1 ulp from tf.gradients'; and the copies of the
+    # three, of which backprop reads the tanh, once the chain made the tanh wait through
+    # its input.
     h, xs = tf.constant(RNG.rand(256, 128).astype(np.float32)), []
     for i in range(8):
         w = tf.compat.v1.get_variable(f"w{i}", initializer=0.1 * RNG.randn(128, 128).astype(
@@ -429,7 +433,8 @@ def test_no_checkpoint_splits_a_merged_matmul_bias_and_tanh(graph, checkpoints):
         b = tf.compat.v1.get_variable(f"b{i}", initializer=0.1 * RNG.randn(128).astype(
             np.float32), use_resource=True)
         xs += [w, b]
-        h = tf.tanh(tf.nn.bias_add(tf.matmul(h, w), b))
+        h = tf.tanh(tf.nn.bias_add(tf.matmul(h, w), b) if bias == "bias_add" else
+                    tf.matmul(h, w) + b)
     plan, _ = compare([tf.reduce_sum(tf.square(h))], xs, {}, checkpoints=checkpoints)
     assert plan.recomputed and plan.checkpoints
     assert all(t.startswith("Tanh") for t in plan.checkpoints), plan.checkpoints

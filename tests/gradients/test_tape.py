@@ -148,7 +148,7 @@ def test_tf_function_eager_and_keras_custom_loop():
     lines = run_script("keras_tape.py")
     assert [line.split(":")[0] for line in lines] == [
         "OK same as tf.GradientTape", "OK non-persistent tape used twice", "OK eager",
-        "OK keras custom loop", "OK plan inside tf.function"], lines
+        "OK keras custom loop", "OK plan inside tf.function", "OK pins by reference"], lines
 
 
 def test_an_ome_error_inside_tf_function_keeps_its_type(model):

@@ -137,8 +137,42 @@ def check_plan_inside_function():
           f"{built.estimates['device_peak'] / 2**20:.2f} MiB predicted by both")
 
 
+def check_pins_by_reference():
+    """Inside tf.function a tensor cannot key a dict (it is unhashable there): pins are
+    keyed by ``tensor.ref()``, as TensorFlow's own error advises."""
+    found = {}
+
+    @tf.function
+    def step(inputs):
+        h = inputs
+        layers = []
+        for _ in range(10):
+            h = tf.tanh(tf.matmul(h, w) + b)
+            layers.append(h)
+        loss = tf.reduce_sum(h ** 2)
+        pins = {}
+        grads, (found["plan"], _) = ome.gradients(loss, [w, b], pin=pins, return_info=True)
+        found["names"] = layers[2].name, layers[6].name
+        return grads
+
+    @tf.function
+    def plain(inputs):
+        return tf.gradients(tf.reduce_sum(forward(inputs) ** 2), [w, b])
+
+    got, want = step(x), plain(x)
+    plan, (kept, recomputed) = found["plan"], found["names"]
+    decisions = plan.decisions()
+    assert decisions[kept] == ome.Decision.KEEP and recomputed in plan.recomputed, plan
+    for a, e in zip(got, want):
+        print("MAXDIFF", np.max(np.abs(a.numpy() - e.numpy())), np.max(np.abs(e.numpy())))
+        assert np.array_equal(a.numpy(), e.numpy())
+    print(f"OK pins by reference: {kept} kept, {recomputed} recomputed, gradients "
+          "equal tf.gradients'")
+
+
 check_same_as_tf()
 check_non_persistent()
 check_eager_refused()
 check_keras_custom_loop()
 check_plan_inside_function()
+check_pins_by_reference()
